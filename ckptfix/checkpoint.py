@@ -1,0 +1,234 @@
+"""The one in-memory model of a checkpoint, whatever format it came from.
+
+Tensors are `TensorInfo` records: name, shape, dtype and where their bytes live. Nothing is read
+until `read()` (numpy, no torch) or `to_torch()` is called, so building a `Checkpoint` costs time
+in the number of tensors, not in their bytes.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ckptfix.errors import UnreadableCheckpoint
+from ckptfix.formats.pickle_safe import DTYPE_SIZES
+
+FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
+                "float8_e4m3fnuz", "float8_e5m2fnuz"}
+
+_NUMPY_DTYPES = {
+    "float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
+    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
+    "bool": np.bool_, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
+    "complex64": np.complex64, "complex128": np.complex128,
+    "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8, "float8_e4m3fnuz": np.uint8, "float8_e5m2fnuz": np.uint8,
+}
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """Where a storage's bytes are: `length` bytes of `file` from `start`."""
+
+    file: str
+    start: int
+    length: int
+
+
+@dataclass
+class TensorInfo:
+    """A lazily readable tensor: metadata now, bytes on request."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    locate: Callable[[], ByteRange]  # resolves the storage's bytes; may read a zip local header
+    storage_id: str  # equal for tensors sharing storage (tied weights)
+    offset: int = 0  # in elements, into the storage
+    stride: tuple[int, ...] | None = None
+    is_parameter: bool = False
+    ref: Any = None  # the format's own record (e.g. pickle_safe.TensorRef), for writers
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_SIZES.get(self.dtype, 1)
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in FLOAT_DTYPES
+
+    def contiguous_stride(self) -> tuple[int, ...]:
+        stride, step = [], 1
+        for d in reversed(self.shape):
+            stride.append(step)
+            step *= max(d, 1)
+        return tuple(reversed(stride))
+
+    def read(self) -> np.ndarray:
+        """The values as a numpy array (bfloat16 widened to float32; float8 as raw uint8)."""
+        return _read_numpy(self)
+
+    def to_torch(self):
+        """The values as a torch tensor backed by a private copy-on-write map of the file."""
+        import torch
+
+        array = _mapped_storage(self, writable=True)
+        tensor = torch.from_numpy(array)
+        if self.dtype == "bfloat16" or self.dtype.startswith("float8"):
+            tensor = tensor.view(getattr(torch, self.dtype))
+        stride = self.stride if self.stride is not None else self.contiguous_stride()
+        return tensor.as_strided(self.shape, stride, self.offset)
+
+    def describe(self) -> str:
+        return f"{self.name} {list(self.shape)} {self.dtype}"
+
+
+_MAPS: dict[tuple[str, bool], mmap.mmap] = {}
+
+
+def file_map(path: str, writable: bool = False) -> mmap.mmap:
+    """One shared map per file: reading many small records costs no open() each.
+
+    The writable map is copy-on-write (ACCESS_COPY): writes stay private, the file never changes.
+    """
+    key = (os.path.realpath(path), writable)
+    mapped = _MAPS.get(key)
+    if mapped is None or mapped.closed:
+        with open(path, "rb") as f:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY if writable else mmap.ACCESS_READ)
+        _MAPS[key] = mapped
+    return mapped
+
+
+def release_maps() -> None:
+    """Forget cached maps (arrays handed out keep their own reference to the mapping)."""
+    _MAPS.clear()
+
+
+def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
+    where = tensor.locate()
+    np_dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    if np_dtype is None:
+        raise UnreadableCheckpoint(f"{tensor.name}: cannot read dtype {tensor.dtype}")
+    itemsize = np.dtype(np_dtype).itemsize
+    count = where.length // itemsize
+    if count == 0:
+        return np.zeros(0, dtype=np_dtype)
+    try:
+        mapped = file_map(where.file, writable)
+        if where.start + count * itemsize > len(mapped):
+            raise UnreadableCheckpoint(f"{tensor.name}: data runs past the end of {where.file} (truncated?)")
+        return np.frombuffer(mapped, dtype=np_dtype, count=count, offset=where.start)
+    except (OSError, ValueError) as exc:
+        raise UnreadableCheckpoint(f"{tensor.name}: cannot map data in {where.file}: {exc}") from None
+
+
+def _read_numpy(tensor: TensorInfo) -> np.ndarray:
+    storage = _mapped_storage(tensor)
+    stride = tensor.stride if tensor.stride is not None else tensor.contiguous_stride()
+    last = tensor.offset + sum((d - 1) * s for d, s in zip(tensor.shape, stride)) if tensor.numel else 0
+    if tensor.numel and (tensor.offset < 0 or last >= storage.size):
+        raise UnreadableCheckpoint(f"{tensor.name}: view lies outside its storage record (corrupt or short record)")
+    itemsize = storage.itemsize
+    view = np.lib.stride_tricks.as_strided(
+        storage[tensor.offset:] if tensor.numel else storage, shape=tensor.shape,
+        strides=tuple(s * itemsize for s in stride), writeable=False)
+    if tensor.dtype == "bfloat16":
+        return (view.astype(np.uint32) << 16).view(np.float32)
+    return view
+
+
+def read_scalar(tensor: TensorInfo) -> float | None:
+    """A 0-d/1-element tensor's value (optimizer `step` is one); None if unreadable."""
+    if tensor.numel != 1:
+        return None
+    try:
+        return float(np.asarray(tensor.read()).reshape(-1)[0])
+    except (UnreadableCheckpoint, ValueError, TypeError):
+        return None
+
+
+@dataclass
+class ParamState:
+    """Optimizer state of one parameter: its tensors (exp_avg, ...), `step`, and the rest verbatim."""
+
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    step: float | None = None
+    other: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ParamGroup:
+    params: list[Any]  # optimizer indices (ints) or, for DCP, parameter FQNs
+    options: dict[str, Any]  # lr, betas, eps, weight_decay, ... verbatim
+
+    @property
+    def lr(self) -> float | None:
+        lr = self.options.get("lr")
+        if isinstance(lr, TensorInfo):
+            return read_scalar(lr)
+        return float(lr) if isinstance(lr, (int, float)) else None
+
+
+@dataclass
+class OptimizerState:
+    kind: str  # adamw | adam | sgd-momentum | sgd | adafactor | adagrad | rmsprop | unknown
+    groups: list[ParamGroup]
+    state: dict[Any, ParamState]
+    param_names: list[str] | None = None  # optimizer index -> model name, when the checkpoint records it
+
+    def indices(self) -> list[Any]:
+        """Every parameter id, in param-group order (the order `optimizer.param_groups` holds them)."""
+        return [p for g in self.groups for p in g.params]
+
+    def tensors(self) -> Iterator[tuple[Any, str, TensorInfo]]:
+        for index, ps in self.state.items():
+            for key, t in ps.tensors.items():
+                yield index, key, t
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint in one shape for every format. `sections` says where each part came from."""
+
+    path: str
+    format: str
+    model: dict[str, TensorInfo] = field(default_factory=dict)
+    optimizer: OptimizerState | None = None
+    scheduler: dict[str, Any] | None = None
+    scaler: dict[str, Any] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)  # epoch, step, anything else, verbatim
+    tied: dict[str, str] = field(default_factory=dict)  # alias name -> the name it shares storage with
+    record: dict[str, Any] | None = None  # a previous `ckptfix repair` record, if present
+    notes: list[str] = field(default_factory=list)
+    sections: dict[str, str] = field(default_factory=dict)  # "model" -> "model" key or file name
+    raw: Any = None  # the format's own tree (the unpickled dict for torch files), for writers
+    files: dict[str, str] = field(default_factory=dict)  # component -> file, for folder formats
+    handle: Any = None  # the format's open source (e.g. the zip member table), for verify and writers
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.model.values())
+
+    def parameters(self) -> list[str]:
+        """Model tensors that are plausibly trainable parameters, in order (aliases and buffers out)."""
+        return [n for n, t in self.model.items() if n not in self.tied and t.is_float and not _is_buffer(n)]
+
+
+_BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked", "position_ids",
+                    "inv_freq", "masked_bias", "attn.bias", "token_type_ids")
+
+
+def _is_buffer(name: str) -> bool:
+    return name.endswith(_BUFFER_SUFFIXES)
+

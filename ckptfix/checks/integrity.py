@@ -1,0 +1,58 @@
+"""Archive integrity that torch.load itself does not check."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.formats.common import iter_tensor_refs
+
+
+def _archive(ctx: Context):
+    handle = ctx.ckpt.handle
+    return handle if handle is not None and hasattr(handle, "members") else None
+
+
+@check("CKF701", "error", "tensor record shorter than its storage",
+       "A zip record holds fewer bytes than its storage's numel x itemsize declares.")
+def short_records(ctx: Context) -> Iterator[Finding]:
+    archive = _archive(ctx)
+    if archive is None:
+        return
+    short, seen = [], set()
+    for ref in iter_tensor_refs(ctx.ckpt.raw):
+        key = ref.storage.key
+        if key in seen:
+            continue
+        seen.add(key)
+        info = archive.members.get(f"{archive.prefix}/data/{key}")
+        if info is not None and info.file_size < ref.storage.nbytes:
+            short.append(f"data/{key} ({info.file_size} of {ref.storage.nbytes} bytes)")
+    if short:
+        yield finding("CKF701", f"{len(short)} record(s) are shorter than their storage: {', '.join(short[:5])}",
+                      pytorch="torch.load(mmap=True) does not notice: the tensor reads the bytes that follow the "
+                      "record (the next zip header) as values.", fix="Restore the file from a good copy.")
+
+
+@check("CKF702", "warning", "duplicate zip member names",
+       "The archive holds two members with one name; torch.load silently uses the last one.")
+def duplicate_members(ctx: Context) -> Iterator[Finding]:
+    archive = _archive(ctx)
+    if archive is not None and archive.duplicates:
+        yield finding("CKF702", f"duplicated members: {', '.join(archive.duplicates[:5])}",
+                      pytorch="torch.load reads the last member of each name; the first copy is ignored.",
+                      fix="Re-save the checkpoint; find out what wrote into the archive twice.")
+
+
+@check("CKF703", "error", "zip CRC mismatch",
+       "With --verify: a record's bytes do not match its CRC-32 (bit rot or a partial write).")
+def crc_mismatch(ctx: Context) -> Iterator[Finding]:
+    archive = _archive(ctx)
+    if archive is None or not ctx.verify:
+        return
+    bad = archive.verify_crcs(ctx.progress)
+    if bad:
+        yield finding("CKF703", f"{len(bad)} record(s) fail their CRC-32 check: {', '.join(bad[:5])}",
+                      pytorch="torch.load does not verify CRCs: corrupted values load silently.",
+                      fix="Restore the file from a good copy; the corrupted tensors are listed above.",
+                      tensors=bad)

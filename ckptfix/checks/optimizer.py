@@ -1,0 +1,94 @@
+"""Optimizer state against the model's parameters."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterator
+
+from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.mapping import MOMENT_KEYS
+
+
+@check("CKF201", "error", "optimizer moment shape differs from its parameter",
+       "An exp_avg/exp_avg_sq (or momentum) tensor's shape is not its parameter's shape.")
+def moment_shape_mismatch(ctx: Context) -> Iterator[Finding]:
+    opt = ctx.ckpt.optimizer
+    if opt is None:
+        return
+    bad = []
+    for index, name in ctx.mapping.names.items():
+        param = ctx.ckpt.model.get(name)
+        ps = opt.state.get(index)
+        if param is None or ps is None:
+            continue
+        for key in MOMENT_KEYS:
+            t = ps.tensors.get(key)
+            if t is not None and t.shape != param.shape:
+                bad.append((name, key, t.shape, param.shape))
+    if not bad:
+        return
+    name, key, got, want = bad[0]
+    yield finding(
+        "CKF201", f"{len(bad)} moment tensor(s) do not match their parameter, e.g. {key} of {name} is "
+        f"{list(got)} but the parameter is {list(want)}",
+        pytorch="Optimizer.load_state_dict accepts them silently; the first optimizer.step() raises "
+        "'The size of tensor a ... must match the size of tensor b' (or, for a view of the right size, updates "
+        "rows with another row's history).",
+        fix=ctx.repair_command("--policy remap"), tensors=sorted({b[0] for b in bad}))
+
+
+@check("CKF202", "error", "optimizer parameter count cannot match the model",
+       "The optimizer holds more parameters than the model has, or its state indexes params in no group.")
+def param_count_mismatch(ctx: Context) -> Iterator[Finding]:
+    opt = ctx.ckpt.optimizer
+    if opt is None or not ctx.ckpt.model or ctx.mapping.method in ("fqn", "recorded"):
+        return
+    indices = opt.indices()
+    params = ctx.ckpt.parameters()
+    orphans = [i for i in opt.state if i not in set(indices)]
+    if len(indices) > len(params):
+        yield finding(
+            "CKF202", f"the optimizer's param groups hold {len(indices)} parameters but the model has "
+            f"{len(params)} floating-point parameter tensors",
+            pytorch="Optimizer.load_state_dict raises ValueError 'loaded state dict contains a parameter group that "
+            "doesn't match the size of optimizer's group' unless the live optimizer was built the same way; "
+            "if it was, state lands on the wrong parameters.",
+            fix=ctx.repair_command("--policy fresh"))
+    elif orphans:
+        yield finding(
+            "CKF202", f"{len(orphans)} optimizer state entries belong to no param group (e.g. index {orphans[0]})",
+            pytorch="Optimizer.load_state_dict drops them silently.", fix=ctx.repair_command("--policy fresh"))
+
+
+@check("CKF203", "warning", "per-parameter step counts disagree",
+       "Adam's per-parameter `step` differs between parameters (bias correction differs too).")
+def steps_disagree(ctx: Context) -> Iterator[Finding]:
+    opt = ctx.ckpt.optimizer
+    if opt is None:
+        return
+    steps = Counter(ps.step for ps in opt.state.values() if ps.step is not None)
+    if len(steps) <= 1:
+        return
+    common_step, _ = steps.most_common(1)[0]
+    odd = [ctx.mapping.names.get(i, f"index {i}") for i, ps in opt.state.items()
+           if ps.step is not None and ps.step != common_step]
+    yield finding(
+        "CKF203", f"step is {common_step:g} for most parameters but differs for {len(odd)} "
+        f"(values: {', '.join(f'{s:g}' for s in sorted(steps))})",
+        severity="warning",
+        pytorch="Adam keeps one step per parameter; parameters with a small step get large bias-corrected updates. "
+        "Normal only for parameters that were frozen or added mid-run.",
+        tensors=odd[:20])
+
+
+@check("CKF204", "info", "optimizer state mapped to parameters by a weak method",
+       "Optimizer indices could not be matched to parameter names by count and shape; checks on moments are partial.")
+def weak_mapping(ctx: Context) -> Iterator[Finding]:
+    opt = ctx.ckpt.optimizer
+    if opt is None or not ctx.ckpt.model or ctx.mapping.method in ("recorded", "fqn", "position", "hf-groups"):
+        return
+    mapped, total = len(ctx.mapping.names), len(opt.indices())
+    yield finding(
+        "CKF204", f"{mapped} of {total} optimizer entries matched to parameters (method: {ctx.mapping.method})",
+        pytorch="torch.optim saves state by position, not name; a model whose parameter order changed gets "
+        "another parameter's moments without any error.")

@@ -1,0 +1,32 @@
+"""Exceptions ckptfix raises for bad input; the CLI turns each into one line and exit code 2."""
+
+from __future__ import annotations
+
+
+class CkptfixError(Exception):
+    """Base class: a problem with the user's input or request, reported without a traceback."""
+
+
+class UnreadableCheckpoint(CkptfixError):
+    """The file or folder is not a checkpoint ckptfix can read (corrupt, truncated, wrong format)."""
+
+
+class UnsafePickle(CkptfixError):
+    """A pickle needs globals outside the allowlist; loading it could execute code."""
+
+    def __init__(self, path: str, globals_needed: list[str]):
+        self.path = path
+        self.globals_needed = sorted(set(globals_needed))
+        names = ", ".join(self.globals_needed) or "unknown"
+        super().__init__(
+            f"{path}: refusing to unpickle: it needs globals outside the safe allowlist ({names}); "
+            "loading it could execute code. Pass --trust-pickle only if you trust its author."
+        )
+
+
+class TokenizerError(CkptfixError):
+    """The tokenizer path is not a tokenizer ckptfix can read."""
+
+
+class RepairError(CkptfixError):
+    """A repair cannot be carried out as requested."""

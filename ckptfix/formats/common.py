@@ -1,0 +1,198 @@
+"""What every format shares: finding the sections of a checkpoint dict, parsing optimizer state."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Mapping
+
+from ckptfix.checkpoint import ByteRange, Checkpoint, OptimizerState, ParamGroup, ParamState, TensorInfo, read_scalar
+from ckptfix.errors import UnreadableCheckpoint
+from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+
+MODEL_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_state", "net", "network")
+OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_state", "opt")
+SCHEDULER_KEYS = ("scheduler", "lr_scheduler", "scheduler_state_dict", "sched")
+SCALER_KEYS = ("scaler", "grad_scaler", "scaler_state_dict", "amp_scaler")
+LIGHTNING_KEYS = ("optimizer_states", "lr_schedulers", "pytorch-lightning_version")
+RECORD_KEY = "ckptfix"
+
+Locator = Callable[[StorageRef], Callable[[], ByteRange]]
+
+
+def iter_tensor_refs(tree: Any) -> Iterator[TensorRef]:
+    """Every TensorRef in a tree, each container visited once (memo-shared pickles stay linear)."""
+    seen: set[int] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TensorRef):
+            yield node
+        elif isinstance(node, (dict, list, tuple, set, frozenset)):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+
+
+def is_state_dict(value: Any) -> bool:
+    """A flat name -> tensor mapping (a bare `model.state_dict()`)."""
+    if not isinstance(value, Mapping) or not value:
+        return False
+    tensors = sum(isinstance(v, TensorRef) for v in value.values())
+    return tensors > 0 and tensors >= len(value) - 1 and all(isinstance(k, str) for k in value)
+
+
+def is_optimizer_state(value: Any) -> bool:
+    return isinstance(value, Mapping) and "state" in value and "param_groups" in value
+
+
+def _first(tree: Mapping, keys: tuple[str, ...], accept: Callable[[Any], bool]) -> str | None:
+    return next((k for k in keys if k in tree and accept(tree[k])), None)
+
+
+def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) -> Checkpoint:
+    """Build the checkpoint model from an unpickled `torch.save` tree."""
+    if not isinstance(tree, Mapping):
+        raise UnreadableCheckpoint(f"{path}: holds a {type(tree).__name__}, not a dict; not a checkpoint ckptfix understands")
+    ckpt = Checkpoint(path=path, format=fmt, raw=tree)
+    if is_state_dict(tree):
+        ckpt.sections["model"] = ""
+        ckpt.model = model_tensors(tree, locate_for)
+        ckpt.tied = find_tied(ckpt.model)
+        return ckpt
+    if any(k in tree for k in LIGHTNING_KEYS):
+        ckpt.format = "lightning"
+    used = set()
+    model_key = _first(tree, MODEL_KEYS, is_state_dict)
+    if model_key is not None:
+        ckpt.sections["model"] = model_key
+        ckpt.model = model_tensors(tree[model_key], locate_for)
+        ckpt.tied = find_tied(ckpt.model)
+        used.add(model_key)
+    optim_key = _first(tree, OPTIMIZER_KEYS, is_optimizer_state)
+    if optim_key is None and isinstance(tree.get("optimizer_states"), list) and tree["optimizer_states"]:
+        optim_key = "optimizer_states"
+        if len(tree[optim_key]) > 1:
+            ckpt.notes.append(f"{len(tree[optim_key])} optimizers saved; ckptfix reports the first")
+    if optim_key is not None:
+        sd = tree[optim_key][0] if optim_key == "optimizer_states" else tree[optim_key]
+        ckpt.sections["optimizer"] = optim_key + ("[0]" if optim_key == "optimizer_states" else "")
+        ckpt.optimizer = parse_optimizer(sd, locate_for, path)
+        used.add(optim_key)
+    sched_key = _first(tree, SCHEDULER_KEYS, lambda v: isinstance(v, Mapping))
+    if sched_key is None and isinstance(tree.get("lr_schedulers"), list) and tree["lr_schedulers"]:
+        sched_key = "lr_schedulers"
+    if sched_key is not None:
+        value = tree[sched_key]
+        ckpt.scheduler = dict(value[0] if isinstance(value, list) else value)
+        ckpt.sections["scheduler"] = sched_key + ("[0]" if isinstance(value, list) else "")
+        used.add(sched_key)
+    scaler_key = _first(tree, SCALER_KEYS, lambda v: isinstance(v, Mapping))
+    if scaler_key is not None:
+        ckpt.scaler = dict(tree[scaler_key])
+        ckpt.sections["scaler"] = scaler_key
+        used.add(scaler_key)
+    if isinstance(tree.get(RECORD_KEY), Mapping):
+        ckpt.record = dict(tree[RECORD_KEY])
+        used.add(RECORD_KEY)
+        names = ckpt.record.get("param_names")
+        if ckpt.optimizer is not None and isinstance(names, list):
+            ckpt.optimizer.param_names = [str(n) for n in names]
+    ckpt.extras = {k: v for k, v in tree.items() if k not in used}
+    if not ckpt.model and ckpt.optimizer is None:
+        keys = ", ".join(map(str, list(tree)[:8]))
+        raise UnreadableCheckpoint(f"{path}: no model weights or optimizer state found (top-level keys: {keys})")
+    return ckpt
+
+
+def model_tensors(state: Mapping, locate_for: Locator, prefix: str = "") -> dict[str, TensorInfo]:
+    out: dict[str, TensorInfo] = {}
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, TensorRef):
+            out[name] = tensor_from_ref(name, value, locate_for)
+        elif isinstance(value, Mapping) and is_state_dict(value):
+            out.update(model_tensors(value, locate_for, prefix=f"{name}."))
+    return out
+
+
+def tensor_from_ref(name: str, ref: TensorRef, locate_for: Locator) -> TensorInfo:
+    return TensorInfo(name=name, shape=ref.shape, dtype=ref.dtype, locate=locate_for(ref.storage),
+                      storage_id=ref.storage.key, offset=ref.offset, stride=ref.stride,
+                      is_parameter=ref.is_parameter, ref=ref)
+
+
+def find_tied(model: Mapping[str, TensorInfo]) -> dict[str, str]:
+    """Tensors that are views of the same bytes as an earlier one (GPT-2 style tied heads)."""
+    first: dict[tuple, str] = {}
+    tied = {}
+    for name, t in model.items():
+        key = (t.storage_id, t.offset, t.shape, t.stride)
+        if key in first:
+            tied[name] = first[key]
+        else:
+            first[key] = name
+    return tied
+
+
+def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> OptimizerState:
+    """An `Optimizer.state_dict()` into OptimizerState; tensors stay lazy."""
+    groups_raw, state_raw = sd.get("param_groups"), sd.get("state")
+    if not isinstance(groups_raw, list) or not isinstance(state_raw, Mapping):
+        raise UnreadableCheckpoint(f"{origin}: optimizer state is malformed (state/param_groups of the wrong type)")
+    groups = []
+    for g in groups_raw:
+        if not isinstance(g, Mapping) or not isinstance(g.get("params"), list):
+            raise UnreadableCheckpoint(f"{origin}: optimizer param group without a params list")
+        options = {k: _lazy(v, f"param_groups.{k}", locate_for) for k, v in g.items() if k != "params"}
+        groups.append(ParamGroup(params=list(g["params"]), options=options))
+    state = {}
+    for index, entries in state_raw.items():
+        if not isinstance(entries, Mapping):
+            continue
+        ps = ParamState()
+        for key, value in entries.items():
+            value = _lazy(value, f"state.{index}.{key}", locate_for)
+            if key == "step":
+                ps.step = read_scalar(value) if isinstance(value, TensorInfo) else _number(value)
+            elif isinstance(value, TensorInfo):
+                ps.tensors[key] = value
+            else:
+                ps.other[key] = value
+        state[index] = ps
+    return OptimizerState(kind=infer_kind(state, groups), groups=groups, state=state)
+
+
+def _lazy(value: Any, name: str, locate_for: Locator | None) -> Any:
+    if isinstance(value, TensorRef) and locate_for is not None:
+        return tensor_from_ref(name, value, locate_for)
+    return value
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def infer_kind(state: Mapping[Any, ParamState], groups: list[ParamGroup]) -> str:
+    """The optimizer family, from the names of its state tensors and group options."""
+    keys: set[str] = set()
+    for ps in state.values():
+        keys.update(ps.tensors)
+    options = groups[0].options if groups else {}
+    if {"exp_avg_sq_row", "exp_avg_sq_col"} & keys or {"exp_avg_sq_R", "exp_avg_sq_C"} & keys \
+            or "scale_parameter" in options or "relative_step" in options:
+        return "adafactor"
+    if {"exp_avg", "exp_avg_sq"} <= keys or (not keys and "betas" in options):
+        if options.get("decoupled_weight_decay") is True:
+            return "adamw"
+        if options.get("decoupled_weight_decay") is False:
+            return "adam"
+        return "adam" if not options.get("weight_decay") else "adamw"
+    if "momentum_buffer" in keys:
+        return "sgd-momentum"
+    if not keys and "momentum" in options and "dampening" in options:
+        return "sgd-momentum" if options.get("momentum") else "sgd"
+    if "sum" in keys:
+        return "adagrad"
+    if "square_avg" in keys:
+        return "rmsprop"
+    return "unknown"

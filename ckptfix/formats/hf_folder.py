@@ -1,0 +1,135 @@
+"""Hugging Face folders: a Trainer `checkpoint-N/`, a `save_pretrained` model, a PEFT adapter.
+
+Weights come from `model.safetensors`, `pytorch_model.bin` or their sharded `*.index.json`;
+optimizer/scheduler/scaler from `optimizer.pt`/`scheduler.pt`/`scaler.pt`. `training_args.bin` is a
+pickled `TrainingArguments` class: it is never unpickled, only read statically (opaque mode, no
+import) for a few hyperparameters. `rng_state*.pth` is left unread.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from typing import Any
+
+from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.errors import CkptfixError, UnreadableCheckpoint
+from ckptfix.formats import common, safetensors_file, torch_file
+from ckptfix.formats.pickle_safe import OpaqueObject
+
+TRAINING_ARG_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "max_steps",
+                       "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
+                       "weight_decay", "fp16", "bf16", "max_grad_norm", "optim", "seed")
+
+
+def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
+    ckpt = Checkpoint(path=path, format=kind)
+    weights = _weight_files(path, adapter=(kind == "peft-adapter"))
+    for file in weights:
+        ckpt.model.update(_read_weights(file, trust_pickle))
+        ckpt.files.setdefault("model", file)
+    ckpt.sections["model"] = ", ".join(os.path.basename(f) for f in weights)
+    ckpt.tied = common.find_tied(ckpt.model)
+    config = _json(path, "adapter_config.json" if kind == "peft-adapter" else "config.json")
+    if config is not None:
+        ckpt.extras["config"] = config
+    _read_training_state(path, ckpt, trust_pickle)
+    if not ckpt.model and ckpt.optimizer is None:
+        raise UnreadableCheckpoint(f"{path}: no weight file (model.safetensors, pytorch_model.bin or an index) in the folder")
+    return ckpt
+
+
+def _weight_files(path: str, adapter: bool) -> list[str]:
+    names = ("adapter_model.safetensors", "adapter_model.bin") if adapter else \
+        ("model.safetensors", "pytorch_model.bin")
+    for name in names:
+        index = os.path.join(path, name + ".index.json")
+        if os.path.exists(index):
+            return _shards(index)
+        file = os.path.join(path, name)
+        if os.path.exists(file):
+            return [file]
+    return []
+
+
+def _shards(index_path: str) -> list[str]:
+    """The shard files an index names, in first-use order; each must exist."""
+    index = _load_json(index_path)
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise UnreadableCheckpoint(f"{index_path}: index without a weight_map")
+    folder = os.path.dirname(index_path)
+    shards = list(dict.fromkeys(weight_map.values()))
+    missing = [s for s in shards if not os.path.exists(os.path.join(folder, str(s)))]
+    if missing:
+        raise UnreadableCheckpoint(f"{index_path}: shard files missing: {', '.join(map(str, missing[:3]))}")
+    return [os.path.join(folder, str(s)) for s in shards]
+
+
+def _read_weights(file: str, trust_pickle: bool) -> dict[str, TensorInfo]:
+    if file.endswith(".safetensors"):
+        return safetensors_file.tensors(file)[0]
+    sub = torch_file.read(file, trust_pickle=trust_pickle)
+    return sub.model
+
+
+def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> None:
+    optimizer = os.path.join(path, "optimizer.pt")
+    if os.path.exists(optimizer):
+        tree, locate_for, _ = torch_file.load(optimizer, opaque=trust_pickle)
+        if not common.is_optimizer_state(tree):
+            raise UnreadableCheckpoint(f"{optimizer}: not an optimizer state_dict")
+        ckpt.optimizer = common.parse_optimizer(tree, locate_for, optimizer)
+        ckpt.sections["optimizer"] = "optimizer.pt"
+        ckpt.files["optimizer"] = optimizer
+    for part, name in (("scheduler", "scheduler.pt"), ("scaler", "scaler.pt")):
+        file = os.path.join(path, name)
+        if os.path.exists(file):
+            tree, _, _ = torch_file.load(file, opaque=trust_pickle)
+            if isinstance(tree, dict):
+                setattr(ckpt, part, dict(tree))
+                ckpt.sections[part] = name
+                ckpt.files[part] = file
+    state = _json(path, "trainer_state.json")
+    if state is not None:
+        ckpt.extras["trainer_state"] = state
+    record = _json(path, "ckptfix.json")
+    if record is not None:
+        ckpt.record = record
+        if ckpt.optimizer is not None and isinstance(record.get("param_names"), list):
+            ckpt.optimizer.param_names = [str(n) for n in record["param_names"]]
+    args = os.path.join(path, "training_args.bin")
+    if os.path.exists(args):
+        ckpt.extras["training_args"] = _training_args(args)
+        ckpt.notes.append("training_args.bin is a pickled class: read statically, never unpickled")
+    rng = sorted(glob.glob(os.path.join(path, "rng_state*.pth")))
+    if rng:
+        ckpt.notes.append(f"{len(rng)} rng_state file(s) left unread (RNG state only, not needed to inspect)")
+
+
+def _training_args(file: str) -> dict[str, Any]:
+    """A few fields of a pickled TrainingArguments, read without importing transformers."""
+    try:
+        tree, _, _ = torch_file.load(file, opaque=True)
+    except CkptfixError as exc:
+        return {"unreadable": str(exc)}
+    state = tree.state if isinstance(tree, OpaqueObject) else None
+    if not isinstance(state, dict):
+        return {"class": getattr(tree, "cls", type(tree).__name__)}
+    out = {"class": tree.cls}
+    out.update({k: state[k] for k in TRAINING_ARG_FIELDS if isinstance(state.get(k), (int, float, str, bool))})
+    return out
+
+
+def _json(folder: str, name: str) -> Any:
+    file = os.path.join(folder, name)
+    return _load_json(file) if os.path.exists(file) else None
+
+
+def _load_json(file: str) -> Any:
+    try:
+        with open(file, "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, OSError) as exc:
+        raise UnreadableCheckpoint(f"{file}: not valid JSON ({exc})") from None

@@ -1,0 +1,109 @@
+"""`.safetensors`: weights only. The header (8-byte length + JSON) is all that inspect reads.
+
+The header is parsed here rather than with `safe_open`, so inspection needs neither torch nor a
+framework that knows bfloat16, and every lie a header can tell is named precisely. Tensor bytes are
+read lazily through the same `TensorInfo` path as every other format.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo
+from ckptfix.errors import UnreadableCheckpoint
+from ckptfix.formats.common import find_tied
+
+MAX_HEADER = 100 << 20  # the safetensors library's own limit
+
+DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "U16": "uint16", "U32": "uint32", "U64": "uint64",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+}
+SAFETENSORS_DTYPES = {v: k for k, v in DTYPES.items()}
+
+
+def sniff(head: bytes) -> bool:
+    if len(head) < 9:
+        return False
+    (n,) = struct.unpack("<Q", head[:8])
+    return 2 <= n <= MAX_HEADER and head[8:9] == b"{"
+
+
+def read_header(path: str) -> tuple[dict, dict, int]:
+    """(tensors, __metadata__, data start) with every offset checked against the file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        raw_len = f.read(8)
+        if len(raw_len) < 8:
+            raise UnreadableCheckpoint(f"{path}: safetensors file shorter than its 8-byte header length")
+        (n,) = struct.unpack("<Q", raw_len)
+        if n > MAX_HEADER or 8 + n > size:
+            raise UnreadableCheckpoint(f"{path}: safetensors header length {n} exceeds the file ({size} bytes)")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UnreadableCheckpoint(f"{path}: safetensors header is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise UnreadableCheckpoint(f"{path}: safetensors header is not valid JSON ({exc.msg})") from None
+    if not isinstance(header, dict):
+        raise UnreadableCheckpoint(f"{path}: safetensors header is not a JSON object")
+    metadata = header.pop("__metadata__", None) or {}
+    data_start, data_len = 8 + n, size - 8 - n
+    _check_layout(path, header, data_len)
+    return header, metadata, data_start
+
+
+def _check_layout(path: str, header: dict, data_len: int) -> None:
+    spans = []
+    for name, entry in header.items():
+        if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
+            raise UnreadableCheckpoint(f"{path}: safetensors entry {name!r} lacks dtype/shape/data_offsets")
+        if entry["dtype"] not in DTYPES:
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r} has unknown dtype {entry['dtype']!r}")
+        shape, offsets = entry["shape"], entry["data_offsets"]
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}")
+        begin, end = offsets
+        if not 0 <= begin <= end <= data_len:
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r} data_offsets {offsets} lie outside the data ({data_len} bytes)")
+        numel = 1
+        for d in shape:
+            numel *= d
+        from ckptfix.formats.pickle_safe import DTYPE_SIZES
+
+        if end - begin != numel * DTYPE_SIZES[DTYPES[entry["dtype"]]]:
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r} has {end - begin} bytes for shape {shape} {entry['dtype']}")
+        spans.append((begin, end, name))
+    spans.sort()
+    for (b1, e1, n1), (b2, e2, n2) in zip(spans, spans[1:]):
+        if b2 < e1:
+            raise UnreadableCheckpoint(f"{path}: tensors {n1!r} and {n2!r} overlap in the data section")
+
+
+def tensors(path: str, prefix_id: str = "") -> tuple[dict[str, TensorInfo], dict]:
+    """The lazily readable tensors of one safetensors file, in header order, and its metadata."""
+    header, metadata, start = read_header(path)
+    out = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        where = ByteRange(path, start + begin, end - begin)
+        out[name] = TensorInfo(name=name, shape=tuple(entry["shape"]), dtype=DTYPES[entry["dtype"]],
+                               locate=lambda where=where: where, storage_id=f"{prefix_id}{path}:{begin}")
+    return out, metadata
+
+
+def read(path: str) -> Checkpoint:
+    model, metadata = tensors(path)
+    ckpt = Checkpoint(path=path, format="safetensors", model=model, tied=find_tied(model))
+    ckpt.sections["model"] = os.path.basename(path)
+    if metadata:
+        ckpt.extras["__metadata__"] = metadata
+    ckpt.files["model"] = path
+    return ckpt

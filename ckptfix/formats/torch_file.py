@@ -1,0 +1,206 @@
+"""`torch.save` files: the zip format (`*/data.pkl` + `*/data/N` records) and the legacy stream.
+
+Reading parses the zip central directory and the pickle only: tensor records are located lazily
+(one local-header read each) and never read unless a tensor's values are asked for.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickletools
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, file_map
+from ckptfix.errors import UnreadableCheckpoint
+from ckptfix.formats import common
+from ckptfix.formats.pickle_safe import StorageRef, load_pickle
+
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+MAX_SMALL_RECORD = 64 << 20  # data.pkl and friends are read whole; refuse anything larger
+
+
+@dataclass
+class TorchArchive:
+    """An opened `torch.save` zip: its member table, the prefix, and where each record lies."""
+
+    path: str
+    prefix: str
+    members: dict[str, zipfile.ZipInfo]
+    duplicates: list[str]
+    size: int
+
+    def record_range(self, key: str) -> ByteRange:
+        info = self.members.get(f"{self.prefix}/data/{key}")
+        if info is None:
+            raise UnreadableCheckpoint(f"{self.path}: tensor record data/{key} is missing from the archive")
+        if info.compress_type != zipfile.ZIP_STORED:
+            raise UnreadableCheckpoint(
+                f"{self.path}: record data/{key} is compressed; torch.save never compresses records "
+                "(inflating it could be a zip bomb)")
+        start = self._data_start(info)
+        if start + info.file_size > self.size:
+            raise UnreadableCheckpoint(f"{self.path}: record data/{key} runs past the end of the file (truncated?)")
+        return ByteRange(self.path, start, info.file_size)
+
+    def _data_start(self, info: zipfile.ZipInfo) -> int:
+        mapped = file_map(self.path)
+        header = mapped[info.header_offset:info.header_offset + _LOCAL_HEADER.size]
+        if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+            raise UnreadableCheckpoint(f"{self.path}: bad zip local header for {info.filename}")
+        fields = _LOCAL_HEADER.unpack(header)
+        name_len, extra_len = fields[-2], fields[-1]
+        return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+
+    def verify_crcs(self, progress=None) -> list[str]:
+        """Members whose stored bytes do not match the CRC-32 in the central directory."""
+        mapped = file_map(self.path)
+        infos = [i for i in self.members.values() if i.compress_type == zipfile.ZIP_STORED]
+        items = progress(infos, sum(i.file_size for i in infos), "verify") if progress else infos
+        bad = []
+        for info in items:
+            start = self._data_start(info)
+            crc = 0
+            for pos in range(start, start + info.file_size, 1 << 24):
+                crc = zlib.crc32(mapped[pos:min(pos + (1 << 24), start + info.file_size)], crc)
+            if crc != info.CRC:
+                bad.append(info.filename.split("/", 1)[-1])
+        return bad
+
+    def read_member(self, suffix: str) -> bytes | None:
+        info = self.members.get(f"{self.prefix}/{suffix}")
+        if info is None:
+            return None
+        if info.file_size > MAX_SMALL_RECORD:
+            raise UnreadableCheckpoint(f"{self.path}: {suffix} declares {info.file_size} bytes; refusing to read it")
+        try:
+            with zipfile.ZipFile(self.path) as zf:
+                return zf.read(info)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+            raise UnreadableCheckpoint(f"{self.path}: cannot read {suffix}: {exc}") from None
+
+
+def sniff(head: bytes) -> str | None:
+    """'torch-zip', 'torch-legacy' or None, from the first bytes of a file."""
+    if head.startswith(ZIP_MAGIC):
+        return "torch-zip"
+    if head[:1] == b"\x80" and len(head) > 2 and head[1] <= 5:
+        return "torch-legacy"
+    return None
+
+
+def open_archive(path: str) -> TorchArchive:
+    try:
+        with zipfile.ZipFile(path) as zf:
+            infos = zf.infolist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error) as exc:
+        raise UnreadableCheckpoint(f"{path}: not a readable zip archive ({exc}); truncated or corrupt?") from None
+    names = [i.filename for i in infos]
+    pkl = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
+    if not pkl:
+        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+            raise UnreadableCheckpoint(
+                f"{path}: a TorchScript archive (torch.jit.save), not a checkpoint; torch.load(weights_only=True) "
+                "refuses it too. Load it with torch.jit.load if you trust it.")
+        raise UnreadableCheckpoint(f"{path}: zip archive without data.pkl: not a torch.save checkpoint")
+    prefix = pkl[0].split("/", 1)[0]
+    members: dict[str, zipfile.ZipInfo] = {}
+    duplicates = []
+    for info in infos:
+        if info.filename in members:
+            duplicates.append(info.filename)
+        members[info.filename] = info  # like torch, the last one of a duplicated name wins
+    return TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+
+
+def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, TorchArchive | None]:
+    """Unpickle a torch file with the allowlist: the tree, how to find each storage, the archive."""
+    with open(path, "rb") as f:
+        head = f.read(16)
+    kind = sniff(head)
+    if kind == "torch-zip":
+        archive = open_archive(path)
+        tree = load_pickle(archive.read_member("data.pkl"), path, opaque=opaque)
+        return tree, lambda storage: (lambda: archive.record_range(storage.key)), archive
+    if kind == "torch-legacy":
+        tree, ranges = _load_legacy(path, opaque)
+        return tree, lambda storage: (lambda: _legacy_range(path, ranges, storage.key)), None
+    raise UnreadableCheckpoint(f"{path}: not a torch.save file")
+
+
+def _load_legacy(path: str, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
+    """The pre-1.6 stream: magic, protocol, sys info, the object, storage keys, then raw storages."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        stream = _PickleStream(data)
+        if stream.next(path) != LEGACY_MAGIC:
+            raise UnreadableCheckpoint(f"{path}: a pickle, but not a torch.save file (no torch magic number)")
+        stream.next(path)  # protocol version
+        stream.next(path)  # sys info
+        tree = stream.next(path, opaque=opaque)
+        keys = stream.next(path)
+        ranges, pos = {}, stream.pos
+        for key in keys:
+            (numel,) = struct.unpack_from("<q", data, pos)
+            storage = _legacy_storage(tree, str(key))
+            itemsize = storage.nbytes // storage.numel if storage and storage.numel else 1
+            ranges[str(key)] = ByteRange(path, pos + 8, numel * itemsize)
+            pos += 8 + numel * itemsize
+        if pos > len(data):
+            raise UnreadableCheckpoint(f"{path}: legacy checkpoint is truncated")
+        return tree, ranges
+    except (struct.error, TypeError) as exc:
+        raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint ({exc})") from None
+
+
+class _PickleStream:
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def next(self, origin: str, opaque: bool = False) -> Any:
+        buf = io.BytesIO(self.data)
+        buf.seek(self.pos)
+        # Find where this pickle ends without building it, then unpickle just that slice safely.
+        try:
+            end = self.pos
+            for op, _, at in pickletools.genops(buf):
+                if op.name == "STOP":
+                    end = at + 1
+                    break
+        except Exception:
+            raise UnreadableCheckpoint(f"{origin}: corrupt pickle stream") from None
+        chunk = self.data[self.pos:end]
+        self.pos = end
+        if not chunk:
+            raise UnreadableCheckpoint(f"{origin}: pickle stream ended early (truncated?)")
+        return load_pickle(chunk, origin, opaque=opaque)
+
+
+def _legacy_storage(tree: Any, key: str) -> StorageRef | None:
+    for ref in common.iter_tensor_refs(tree):
+        if ref.storage.key == key:
+            return ref.storage
+    return None
+
+
+def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
+    """Read a `torch.save` file into the checkpoint model (metadata only)."""
+    tree, locate_for, archive = load(path, opaque=trust_pickle)
+    ckpt = common.checkpoint_from_tree(path, "torch", tree, locate_for)
+    if archive is not None and archive.duplicates:
+        ckpt.notes.append(f"duplicate zip member names (the last one wins in torch.load): {', '.join(archive.duplicates[:5])}")
+    ckpt.handle = archive
+    return ckpt
+
+
+def _legacy_range(path: str, ranges: dict[str, ByteRange], key: str) -> ByteRange:
+    if key not in ranges:
+        raise UnreadableCheckpoint(f"{path}: storage {key} missing from the legacy stream")
+    return ranges[key]

@@ -1,0 +1,190 @@
+"""`inspect`: read a checkpoint's metadata, compare it with a tokenizer, and list findings."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.checks import Context, Finding, run_checks
+from ckptfix.formats import read_checkpoint
+from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDevice, TorchDtype
+from ckptfix.mapping import ParamMapping, map_optimizer
+from ckptfix.vocab import VocabTensor, find_vocab_tensors, tied_head_missing
+
+SCHEMA = "ckptfix.inspect/1"
+
+
+@dataclass
+class Report:
+    """What `ckptfix inspect` found. `to_json()` is the documented, stable `--json` schema."""
+
+    ckpt: Checkpoint
+    mapping: ParamMapping
+    vocab: list[VocabTensor]
+    findings: list[Finding]
+    tokenizer: Any = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if any(f.severity == "error" for f in self.findings) else 0
+
+    def counts(self) -> dict[str, int]:
+        c = Counter(f.severity for f in self.findings)
+        return {s: c.get(s, 0) for s in ("error", "warning", "info")}
+
+    def to_json(self) -> dict[str, Any]:
+        ckpt = self.ckpt
+        return {
+            "schema": SCHEMA,
+            "path": ckpt.path,
+            "format": ckpt.format,
+            "model": model_summary(ckpt),
+            "optimizer": optimizer_summary(ckpt, self.mapping),
+            "scheduler": scheduler_summary(ckpt),
+            "scaler": scaler_summary(ckpt),
+            "vocab": {
+                "tokenizer": self.tokenizer.to_json() if self.tokenizer is not None else None,
+                "tensors": [v.to_json() for v in self.vocab],
+                "tied_head_not_stored": tied_head_missing(ckpt),
+            },
+            "extras": {str(k): plain(v) for k, v in ckpt.extras.items()},
+            "record": ckpt.record,
+            "notes": ckpt.notes + self.notes,
+            "findings": [f.to_json() for f in self.findings],
+            "summary": self.counts(),
+        }
+
+
+def inspect(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None, *, scan: bool = False,
+            verify: bool = False, trust_pickle: bool = False,
+            progress: Callable[[Iterable, int, str], Iterable] | None = None) -> Report:
+    """Inspect a checkpoint (file or folder) against an optional tokenizer.
+
+    Reads metadata only (zip directory + pickle, safetensors header, JSON indexes) unless `scan`
+    (NaN/Inf in every tensor) or `verify` (zip CRCs) ask for tensor bytes. Never executes pickle code.
+    """
+    ckpt = read_checkpoint(path, trust_pickle=trust_pickle)
+    tok = None
+    if tokenizer is not None:
+        from ckptfix.tokenizers import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
+    return analyse(ckpt, tok, scan=scan, verify=verify, progress=progress)
+
+
+def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, verify: bool = False,
+            progress: Callable | None = None) -> Report:
+    """Run every check on an already-read checkpoint (repair and the guard reuse this)."""
+    mapping = map_optimizer(ckpt)
+    vocab = find_vocab_tensors(ckpt, mapping, tokenizer.size if tokenizer is not None else None)
+    ctx = Context(ckpt, mapping, vocab, tokenizer, scan=scan, verify=verify, progress=progress)
+    return Report(ckpt, mapping, vocab, run_checks(ctx), tokenizer)
+
+
+def model_summary(ckpt: Checkpoint) -> dict[str, Any]:
+    unique = [t for n, t in ckpt.model.items() if n not in ckpt.tied]
+    dtypes = Counter(t.dtype for t in unique)
+    return {
+        "tensors": len(ckpt.model),
+        "parameters": sum(t.numel for t in unique),
+        "bytes": sum(t.nbytes for t in unique),
+        "dtypes": dict(dtypes.most_common()),
+        "tied": dict(ckpt.tied),
+        "section": ckpt.sections.get("model"),
+    }
+
+
+def optimizer_summary(ckpt: Checkpoint, mapping: ParamMapping) -> dict[str, Any] | None:
+    opt = ckpt.optimizer
+    if opt is None:
+        return None
+    steps = sorted({ps.step for ps in opt.state.values() if ps.step is not None})
+    groups = []
+    for g in opt.groups:
+        options = {k: plain(v) for k, v in g.options.items()
+                   if k in ("lr", "initial_lr", "betas", "eps", "weight_decay", "momentum", "amsgrad")}
+        options["lr"] = g.lr
+        groups.append({"params": len(g.params), **options})
+    state_keys = Counter(k for ps in opt.state.values() for k in ps.tensors)
+    return {
+        "type": opt.kind,
+        "param_groups": groups,
+        "params": len(opt.indices()),
+        "params_with_state": len(opt.state),
+        "state_keys": dict(state_keys),
+        "step": steps[-1] if len(steps) == 1 else steps,
+        "mapping": mapping.method,
+        "state_bytes": sum(t.nbytes for _, _, t in opt.tensors()),
+        "section": ckpt.sections.get("optimizer"),
+    }
+
+
+def scheduler_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
+    sched = ckpt.scheduler
+    if sched is None:
+        return None
+    keys = ("last_epoch", "_step_count", "base_lrs", "_last_lr", "total_steps", "T_max", "step_size", "warmup_steps")
+    out = {k.lstrip("_"): plain(sched[k]) for k in keys if k in sched}
+    out["type"] = _scheduler_type(sched)
+    out["section"] = ckpt.sections.get("scheduler")
+    return out
+
+
+def _scheduler_type(sched: dict) -> str:
+    if "lr_lambdas" in sched:
+        return "LambdaLR/MultiplicativeLR"
+    if "total_steps" in sched and "anneal_func" in sched or "_anneal_func_type" in sched:
+        return "OneCycleLR"
+    if "T_max" in sched:
+        return "CosineAnnealingLR"
+    if "step_size" in sched:
+        return "StepLR"
+    if "_schedulers" in sched:
+        return "SequentialLR/ChainedScheduler"
+    return "unknown"
+
+
+def scaler_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
+    if ckpt.scaler is None:
+        return None
+    out = {k.lstrip("_"): plain(v) for k, v in ckpt.scaler.items()}
+    out["enabled"] = bool(ckpt.scaler)
+    return out
+
+
+def plain(value: Any, depth: int = 0) -> Any:
+    """A JSON-safe summary of a checkpoint value (tensors become shape/dtype descriptions)."""
+    if isinstance(value, TensorInfo):
+        return {"tensor": list(value.shape), "dtype": value.dtype}
+    if isinstance(value, TensorRef):
+        return {"tensor": list(value.shape), "dtype": value.dtype}
+    if isinstance(value, (TorchDtype, TorchDevice)):
+        return repr(value)
+    if isinstance(value, OpaqueObject):
+        return {"object": value.cls}
+    if isinstance(value, float) and value != value:
+        return "nan"
+    if isinstance(value, float) and value in (float("inf"), float("-inf")):
+        return str(value)
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if depth > 3:
+        return f"<{type(value).__name__}>"
+    if isinstance(value, dict):
+        items = list(value.items())
+        out = {str(k): plain(v, depth + 1) for k, v in items[:50]}
+        if len(items) > 50:
+            out["..."] = f"{len(items) - 50} more"
+        return out
+    if isinstance(value, (list, tuple, set, frozenset)):
+        seq = list(value)
+        out = [plain(v, depth + 1) for v in seq[:20]]
+        return out + [f"... {len(seq) - 20} more"] if len(seq) > 20 else out
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    return repr(value)[:80]
+

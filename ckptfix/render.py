@@ -1,0 +1,116 @@
+"""Human-readable rendering of reports: compact sections, then findings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptfix.inspect import Report
+
+_WIDTH = 11
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1024 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _count(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.1f}{unit}"
+    return str(n)
+
+
+def _line(label: str, text: str) -> str:
+    return f"{label:<{_WIDTH}}{text}"
+
+
+def render_report(report: Report) -> str:
+    data = report.to_json()
+    lines = [f"{data['path']}  ({data['format']})"]
+    m = data["model"]
+    dtypes = ", ".join(f"{k} x{v}" for k, v in m["dtypes"].items())
+    tied = "; tied: " + ", ".join(f"{a} -> {b}" for a, b in m["tied"].items()) if m["tied"] else ""
+    lines.append(_line("model", f"{m['tensors']} tensors, {_count(m['parameters'])} values, "
+                                f"{_size(m['bytes'])} ({dtypes}){tied}"))
+    lines.append(_line("optimizer", _optimizer(data["optimizer"])))
+    lines.append(_line("scheduler", _scheduler(data["scheduler"])))
+    lines.append(_line("scaler", _scaler(data["scaler"])))
+    lines.extend(_vocab(data["vocab"]))
+    for note in data["notes"]:
+        lines.append(_line("note", note))
+    lines.append("")
+    s = data["summary"]
+    lines.append(f"findings: {s['error']} error(s), {s['warning']} warning(s), {s['info']} info")
+    for f in report.findings:
+        lines.extend(render_finding(f.to_json()))
+    return "\n".join(lines)
+
+
+def render_finding(f: dict[str, Any]) -> list[str]:
+    pad = " " * 15
+    out = [f"  {f['severity']:<7} {f['code']}  {f['title']}", f"{pad}{f['message']}"]
+    if f["tensors"]:
+        shown = ", ".join(f["tensors"][:6]) + (f" (+{len(f['tensors']) - 6} more)" if len(f["tensors"]) > 6 else "")
+        out.append(f"{pad}tensors: {shown}")
+    if f["pytorch"]:
+        out.append(f"{pad}pytorch: {f['pytorch']}")
+    if f["fix"]:
+        out.append(f"{pad}fix:     {f['fix']}")
+    return out
+
+
+def _optimizer(o: dict | None) -> str:
+    if o is None:
+        return "none saved"
+    groups = "; ".join(_group(g) for g in o["param_groups"][:4])
+    step = o["step"] if not isinstance(o["step"], list) else (o["step"] or "none")
+    return (f"{o['type']}, {len(o['param_groups'])} group(s) [{groups}], {o['params']} params "
+            f"({o['params_with_state']} with state: {', '.join(o['state_keys']) or 'none'}), step {step}, "
+            f"mapped by {o['mapping']}, {_size(o['state_bytes'])}")
+
+
+def _group(g: dict) -> str:
+    parts = [f"{g['params']} params", f"lr {g['lr']:.3g}" if isinstance(g.get("lr"), float) else f"lr {g.get('lr')}"]
+    if "betas" in g:
+        parts.append(f"betas {tuple(g['betas'])}")
+    if g.get("weight_decay"):
+        parts.append(f"wd {g['weight_decay']:g}")
+    return " ".join(parts)
+
+
+def _scheduler(s: dict | None) -> str:
+    if s is None:
+        return "none saved"
+    lr = s.get("last_lr")
+    lrs = ", ".join(f"{x:.3g}" for x in lr) if isinstance(lr, list) and all(isinstance(x, float) for x in lr) else lr
+    return f"{s['type']}, last_epoch {s.get('last_epoch')}, last lr [{lrs}]"
+
+
+def _scaler(s: dict | None) -> str:
+    if s is None:
+        return "none saved"
+    if not s.get("enabled"):
+        return "saved, disabled (empty state)"
+    return f"scale {s.get('scale')}, growth tracker {s.get('growth_tracker')}, interval {s.get('growth_interval')}"
+
+
+def _vocab(v: dict) -> list[str]:
+    tok = v["tokenizer"]
+    lines = []
+    if tok is None:
+        lines.append(_line("vocab", "no tokenizer given (--tokenizer PATH compares rows with it)"))
+    else:
+        lines.append(_line("vocab", f"tokenizer {tok['source']} ({tok['kind']}): {tok['size']} tokens "
+                                    f"({tok['base_size']} base + {tok['added']} added)"))
+    for t in v["tensors"]:
+        moments = ", ".join(f"{k} {s[0]} rows" for k, s in t["moments"].items())
+        tied = f", tied to {t['tied_to']}" if t["tied_to"] else ""
+        lines.append(_line("", f"{t['name']}  {t['role']}  {t['rows']} rows{tied}"
+                               + (f"; moments: {moments}" if moments else "")))
+    if v["tied_head_not_stored"]:
+        lines.append(_line("", "lm_head tied to the input embedding (config.json tie_word_embeddings; not stored)"))
+    return lines

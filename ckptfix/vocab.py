@@ -1,0 +1,108 @@
+"""Find the vocab-sized tensors of a checkpoint: embeddings, LM heads (tied or not), their moments."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.mapping import ParamMapping
+
+EMBEDDING_NAMES = re.compile(
+    r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|text_embedding|token_embedding|tok_emb|"
+    r"shared|embed_in|word_emb|token_emb|tok_embed|embedding)\.weight$")
+HEAD_NAMES = re.compile(
+    r"((^|\.)(lm_head|output|embed_out|text_head|head|decoder|generator|lm_logits)\.(weight|bias)$)"
+    r"|((^|\.)lm_head\.bias$)|(final_logits_bias$)")
+PADDING_MULTIPLES = (8, 16, 32, 64, 128, 256)
+
+
+@dataclass
+class VocabTensor:
+    name: str
+    role: str  # embedding | head | head-bias | vocab-sized
+    rows: int
+    shape: tuple[int, ...]
+    tied_to: str | None = None  # the embedding this head shares storage with
+    moments: dict[str, TensorInfo] = field(default_factory=dict)  # exp_avg -> its TensorInfo
+    optimizer_index: Any = None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "role": self.role, "rows": self.rows, "shape": list(self.shape),
+                "tied_to": self.tied_to, "optimizer_index": self.optimizer_index,
+                "moments": {k: list(t.shape) for k, t in self.moments.items()}}
+
+
+def _role(name: str, t: TensorInfo) -> str | None:
+    if not t.is_float:
+        return None
+    if len(t.shape) == 2 and EMBEDDING_NAMES.search(name):
+        return "embedding"
+    if HEAD_NAMES.search(name):
+        return "head" if len(t.shape) == 2 and name.endswith("weight") else "head-bias"
+    return None
+
+
+def padded_size(size: int, multiple: int) -> int:
+    return -(-size // multiple) * multiple
+
+
+def padding_multiple(rows: int, tokens: int) -> int | None:
+    """The multiple the rows were rounded up to from `tokens`, if they were (e.g. 32128 from 32100)."""
+    return next((m for m in PADDING_MULTIPLES if rows > tokens and padded_size(tokens, m) == rows), None)
+
+
+def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: int | None = None) -> list[VocabTensor]:
+    """Embedding/head tensors by name, then any other 2-D tensor with the same row count."""
+    found: dict[str, VocabTensor] = {}
+    for name, t in ckpt.model.items():
+        role = _role(name, t)
+        if role == "head-bias":
+            rows = t.shape[-1] if t.shape else 0
+        elif role is not None:
+            rows = t.shape[0]
+        else:
+            continue
+        found[name] = VocabTensor(name, role, rows, t.shape, tied_to=ckpt.tied.get(name))
+    sizes = {v.rows for v in found.values() if v.role == "embedding"} or {v.rows for v in found.values()}
+    if tokenizer_size:
+        sizes.add(tokenizer_size)
+    for name, t in ckpt.model.items():
+        if name not in found and t.is_float and len(t.shape) == 2 and t.shape[0] in sizes and t.shape[0] > t.shape[1]:
+            found[name] = VocabTensor(name, "vocab-sized", t.shape[0], t.shape, tied_to=ckpt.tied.get(name))
+    _drop_non_vocab_heads(found)
+    _attach_moments(ckpt, mapping, found)
+    return list(found.values())
+
+
+def _drop_non_vocab_heads(found: dict[str, VocabTensor]) -> None:
+    # "head"/"output"/"decoder" also name classifier and attention projections: keep a head only when
+    # its rows match an embedding's (or there is no embedding to compare with).
+    embed_rows = {v.rows for v in found.values() if v.role == "embedding"}
+    if not embed_rows:
+        return
+    for name in [n for n, v in found.items() if v.role in ("head", "head-bias") and v.rows not in embed_rows]:
+        if found[name].rows < min(embed_rows) // 2:
+            del found[name]
+
+
+def _attach_moments(ckpt: Checkpoint, mapping: ParamMapping, found: dict[str, VocabTensor]) -> None:
+    if ckpt.optimizer is None:
+        return
+    for vt in found.values():
+        owner = vt.tied_to or vt.name
+        index = mapping.index_of(owner)
+        if index is None:
+            continue
+        vt.optimizer_index = index
+        ps = ckpt.optimizer.state.get(index)
+        if ps is not None:
+            vt.moments = {k: t for k, t in ps.tensors.items() if t.shape and len(t.shape) == len(vt.shape)}
+
+
+def tied_head_missing(ckpt: Checkpoint) -> bool:
+    """HF drops a tied lm_head from safetensors; config.json says whether it is tied."""
+    config = ckpt.extras.get("config")
+    has_head = any(v for v in ckpt.model if v.startswith("lm_head") or v.endswith("lm_head.weight"))
+    return isinstance(config, dict) and bool(config.get("tie_word_embeddings", False)) and not has_head
