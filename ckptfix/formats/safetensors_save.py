@@ -1,0 +1,66 @@
+"""Write a `.safetensors` file tensor by tensor: unchanged tensors are copied as raw byte ranges."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Callable
+
+from ckptfix.checkpoint import ByteRange
+from ckptfix.errors import RepairError
+from ckptfix.formats.pickle_safe import DTYPE_SIZES
+from ckptfix.formats.safetensors_file import SAFETENSORS_DTYPES
+from ckptfix.formats.torch_save import _tensor_bytes
+from ckptfix.formats.zipwriter import _copy
+
+
+@dataclass
+class Entry:
+    name: str
+    dtype: str  # torch name, e.g. "bfloat16"
+    shape: tuple[int, ...]
+    copy_from: ByteRange | None = None
+    produce: Callable[[], Any] | None = None  # a contiguous torch tensor
+
+    @property
+    def nbytes(self) -> int:
+        n = DTYPE_SIZES[self.dtype]
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def write(out: BinaryIO, entries: list[Entry], metadata: dict[str, str] | None = None) -> None:
+    """Header first (offsets are known from shapes), then each tensor's bytes in order."""
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for e in entries:
+        header[e.name] = {"dtype": SAFETENSORS_DTYPES[e.dtype], "shape": list(e.shape),
+                          "data_offsets": [offset, offset + e.nbytes]}
+        offset += e.nbytes
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned, as the safetensors library writes it
+    out.write(len(raw).to_bytes(8, "little"))
+    out.write(raw)
+    for e in entries:
+        if e.produce is not None:
+            data = _tensor_bytes(e.produce().contiguous())
+            if len(data) != e.nbytes:
+                raise RepairError(f"{e.name}: produced {len(data)} bytes, expected {e.nbytes}")
+            out.write(data)
+        else:
+            _copy_range(out, e.copy_from, e.nbytes)
+
+
+def _copy_range(out: BinaryIO, where: ByteRange, n: int) -> None:
+    out.flush()
+    pos = out.tell()
+    with open(where.file, "rb") as src:
+        done = 0
+        while done < n:
+            k = _copy(src.fileno(), out.fileno(), where.start + done, pos + done, min(1 << 26, n - done))
+            if k <= 0:
+                raise OSError(f"short copy from {where.file}")
+            done += k
+    out.seek(pos + n)

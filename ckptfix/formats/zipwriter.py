@@ -1,0 +1,102 @@
+"""A minimal streaming zip writer for torch's archive layout (stored records, 64-byte aligned data).
+
+Why not `zipfile`: unchanged tensor records are copied from the source file with
+`os.copy_file_range` (kernel side, no user-space buffer) and keep their known CRC-32, so writing
+a repaired checkpoint costs about one file copy. Records are aligned like `torch.save` aligns them
+(a padding extra field), so `torch.load(mmap=True)` maps them directly. Zip64 is used when needed.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import BinaryIO
+
+ALIGNMENT = 64
+_ZIP64_LIMIT = 0xFFFFFFFF
+_COPY_CHUNK = 1 << 26
+
+
+@dataclass
+class _Entry:
+    name: bytes
+    offset: int
+    size: int
+    crc: int
+
+
+class ZipWriter:
+    """Write members one after another; call `close()` to write the central directory."""
+
+    def __init__(self, fileobj: BinaryIO):
+        self.f = fileobj
+        self.entries: list[_Entry] = []
+
+    def _local_header(self, name: bytes, size: int, crc: int) -> None:
+        offset = self.f.tell()
+        zip64 = size >= _ZIP64_LIMIT or offset >= _ZIP64_LIMIT
+        extra = struct.pack("<HHQQ", 0x0001, 16, size, size) if zip64 else b""
+        base = 30 + len(name) + len(extra)
+        pad = (-(offset + base + 4)) % ALIGNMENT  # 4: the padding field's own header
+        extra += struct.pack("<HH", 0x4246, pad) + b"Z" * pad  # "FB": the field torch uses for padding
+        stored = _ZIP64_LIMIT if zip64 else size
+        self.f.write(struct.pack("<4sHHHHHLLLHH", b"PK\x03\x04", 45 if zip64 else 20, 0, 0, 0, 0x21,
+                                 crc, stored, stored, len(name), len(extra)))
+        self.f.write(name)
+        self.f.write(extra)
+        self.entries.append(_Entry(name, offset, size, crc))
+
+    def write_bytes(self, name: str, data: bytes | memoryview) -> None:
+        data = memoryview(data).cast("B")
+        self._local_header(name.encode(), len(data), zlib.crc32(data))
+        self.f.write(data)
+
+    def copy_range(self, name: str, src: BinaryIO, start: int, size: int, crc: int) -> None:
+        """Copy `size` bytes of an open source file from `start`, with their already known CRC."""
+        self._local_header(name.encode(), size, crc)
+        self.f.flush()
+        out_fd, in_fd, done = self.f.fileno(), src.fileno(), 0
+        pos = self.f.tell()
+        while done < size:
+            n = _copy(in_fd, out_fd, start + done, pos + done, min(_COPY_CHUNK, size - done))
+            if n <= 0:
+                raise OSError(f"short copy from the source at byte {start + done}")
+            done += n
+        self.f.seek(pos + size)
+
+    def close(self) -> None:
+        cd_start = self.f.tell()
+        for e in self.entries:
+            zip64 = e.size >= _ZIP64_LIMIT or e.offset >= _ZIP64_LIMIT
+            extra = struct.pack("<HHQQQ", 0x0001, 24, e.size, e.size, e.offset) if zip64 else b""
+            size = _ZIP64_LIMIT if zip64 else e.size
+            offset = _ZIP64_LIMIT if zip64 else e.offset
+            self.f.write(struct.pack("<4sHHHHHHLLLHHHHHLL", b"PK\x01\x02", 45 if zip64 else 20,
+                                     45 if zip64 else 20, 0, 0, 0, 0x21, e.crc, size, size, len(e.name),
+                                     len(extra), 0, 0, 0, 0, offset))
+            self.f.write(e.name)
+            self.f.write(extra)
+        cd_size = self.f.tell() - cd_start
+        count = len(self.entries)
+        if cd_start >= _ZIP64_LIMIT or count >= 0xFFFF:
+            eocd64 = self.f.tell()
+            self.f.write(struct.pack("<4sQHHLLQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count,
+                                     cd_size, cd_start))
+            self.f.write(struct.pack("<4sLQL", b"PK\x06\x07", 0, eocd64, 1))
+            self.f.write(struct.pack("<4sHHHHLLH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF,
+                                     _ZIP64_LIMIT, _ZIP64_LIMIT, 0))
+        else:
+            self.f.write(struct.pack("<4sHHHHLLH", b"PK\x05\x06", 0, 0, count, count, cd_size, cd_start, 0))
+
+
+def _copy(in_fd: int, out_fd: int, src_pos: int, dst_pos: int, n: int) -> int:
+    if hasattr(os, "copy_file_range"):
+        try:
+            return os.copy_file_range(in_fd, out_fd, n, src_pos, dst_pos)
+        except OSError as exc:
+            if exc.errno not in (18, 22, 38, 95):  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP: fall back
+                raise
+    data = os.pread(in_fd, n, src_pos)
+    return os.pwrite(out_fd, data, dst_pos)

@@ -1,0 +1,1 @@
+"""Optional integrations with training frameworks; each submodule imports its framework lazily."""

@@ -1,0 +1,85 @@
+"""`ResumeGuardCallback`: the resume guard for a Hugging Face `transformers.Trainer`.
+
+    trainer = Trainer(model=model, args=args, train_dataset=ds,
+                      callbacks=[ResumeGuardCallback(steps=3)])
+
+At `on_train_begin` it runs `check_training_setup` (this catches e.g. an SFTTrainer/peft run
+with 0 trainable parameters before the first cryptic "does not require grad" error), then
+probes the first `steps` optimizer steps with a `StepProbe`. Hooks used, in the order the
+Trainer loop calls them (checked against transformers 5.23; on a version without
+`on_pre_optimizer_step` only the setup checks run):
+
+    backward + grad clipping -> on_pre_optimizer_step  (gradients are there: check + snapshot)
+    optimizer.step()         -> on_optimizer_step      (weights should have changed)
+    model.zero_grad()        -> on_step_end
+
+Importing this module needs transformers; `ckptfix` itself never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+try:
+    from transformers import TrainerCallback
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "ckptfix.integrations.transformers needs the 'transformers' package, which is not "
+        "installed. Install it with `pip install transformers` (or `pip install ckptfix[test]`); "
+        "without it, use ckptfix.guard.check_training_setup and StepProbe in your own loop."
+    ) from exc
+
+from ckptfix.guard import StepProbe, check_training_setup
+
+__all__ = ["ResumeGuardCallback"]
+
+
+class ResumeGuardCallback(TrainerCallback):
+    """Fail fast when a Trainer run is set up to learn nothing.
+
+    `steps`: how many optimizer steps to probe (0 disables the probe, keeping the setup check).
+    `unused_ok`: name substrings of trainable parameters allowed to get no gradient.
+    Raises `ckptfix.guard.TrainingSetupError` out of `trainer.train()` on an error-level finding.
+    """
+
+    def __init__(self, steps: int = 3, *, unused_ok: Iterable[str] = ()):
+        self.steps = steps
+        self.unused_ok = tuple(unused_ok)
+        self.probe: StepProbe | None = None
+        self._setup_checked_with_optimizer = False
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None,
+                       lr_scheduler=None, **kwargs):
+        """Setup checks. Some versions/configs (delayed optimizer creation, e.g. FSDP) have no
+        optimizer yet here: then only the model is checked now and the optimizer at its first
+        step."""
+        self.probe = None
+        self._setup_checked_with_optimizer = optimizer is not None
+        if model is not None:
+            check_training_setup(model, optimizer, scheduler=lr_scheduler)
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None,
+                              lr_scheduler=None, **kwargs):
+        """Gradients of this step are ready (after clipping): check them, snapshot weights."""
+        probe = self._probe_for(model, optimizer, lr_scheduler)
+        if probe is not None:
+            probe.before_step()  # runs after_backward's gradient checks first
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        """The optimizer has stepped: the weights must have changed (unless the step was
+        skipped by a GradScaler)."""
+        if self.probe is not None:
+            self.probe.after_step()
+
+    def _probe_for(self, model: Any, optimizer: Any, lr_scheduler: Any) -> StepProbe | None:
+        """The probe, created on the first step (the optimizer surely exists by then)."""
+        if model is None or optimizer is None or self.steps <= 0:
+            return None
+        if not self._setup_checked_with_optimizer:
+            self._setup_checked_with_optimizer = True
+            check_training_setup(model, optimizer, scheduler=lr_scheduler)
+        if self.probe is None:
+            # An accelerate-wrapped optimizer carries its GradScaler; StepProbe picks it up.
+            self.probe = StepProbe(model, optimizer, steps=self.steps, unused_ok=self.unused_ok)
+        return self.probe if self.probe.active else None

@@ -1,0 +1,151 @@
+"""`repair`: resize vocab tensors and their optimizer state, and write a safe resume checkpoint.
+
+The output has the input's format (a `.pth` dict stays a `.pth` dict with the same keys, an HF
+folder a folder with the same files) and records what was done: a `ckptfix` entry in the dict, or
+a `ckptfix.json` sidecar for folders and bare state_dicts. The input is never modified.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from ckptfix.errors import RepairError
+from ckptfix.inspect import analyse
+from ckptfix.formats import read_checkpoint
+from ckptfix.io import BackgroundHash, same_file
+from ckptfix.surgery.plan import RepairPlan, make_plan
+
+RECORD_SCHEMA = "ckptfix.repair/1"
+
+
+@dataclass
+class RepairResult:
+    """What `repair` planned and (unless dry_run) wrote. `to_json()` is the `--json` schema."""
+
+    plan: RepairPlan
+    output: str | None
+    dry_run: bool
+    record: dict[str, Any]
+    backup: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.plan
+        return {
+            "schema": RECORD_SCHEMA,
+            "source": p.ckpt.path,
+            "format": p.ckpt.format,
+            "output": self.output,
+            "dry_run": self.dry_run,
+            "policy": p.policy,
+            "init": p.init,
+            "target_rows": p.target_rows,
+            "tokenizer": p.tokenizer.to_json(),
+            "from_tokenizer": p.from_tokenizer.to_json() if p.from_tokenizer is not None else None,
+            "changes": p.changes,
+            "optimizer_state": "dropped" if p.drop_optimizer_state else ("remapped" if p.moments else "kept"),
+            "scheduler_state": "reset" if p.reset_scheduler else "kept",
+            "scaler_reset": p.reset_scaler,
+            "rewarm": p.drop_optimizer_state and p.ckpt.optimizer is not None,
+            "findings_before": [f.code for f in p.findings_before],
+            "notes": p.notes + self.notes,
+            "backup": self.backup,
+        }
+
+
+def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.PathLike | None = None, *,
+           from_tokenizer: str | os.PathLike | None = None, policy: str | None = None, init: str = "mean",
+           std: float = 0.02, pad_to_multiple_of: int | None = None, dry_run: bool = False, force: bool = False,
+           trust_pickle: bool = False, seed: int = 0,
+           progress: Callable[[Iterable, int, str], Iterable] | None = None) -> RepairResult:
+    """Fit a checkpoint to `tokenizer` and write it to `out` in the same format.
+
+    policy: "remap" (moments follow their rows; default for Adam-like optimizers), "fresh" (drop
+    optimizer state, keep the schedule position, the loop must re-warm) or "reset" (drop optimizer
+    and scheduler state). init: "mean" (HF mean_resizing), "zeros" or "normal" (with `std`).
+    `out` may equal the input only with `force`; the original is then kept as a `.bak`.
+    """
+    from ckptfix.tokenizers import load_tokenizer
+
+    source = os.fspath(checkpoint)
+    ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
+    tok = load_tokenizer(tokenizer)
+    old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
+    plan = make_plan(analyse(ckpt, tok), tok, old_tok, policy=policy, init=init, std=std,
+                     pad_to_multiple_of=pad_to_multiple_of)
+    if dry_run:
+        return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
+    if out is None:
+        raise RepairError("an output path is required (-o OUT), or --dry-run")
+    out = os.fspath(out)
+    in_place = same_file(source, out) or os.path.abspath(source) == os.path.abspath(out)
+    if os.path.lexists(out) and not force:
+        raise RepairError(f"{out}: already exists; pass --force to replace it"
+                          + (" (the original is kept as a .bak)" if in_place else ""))
+    if plan.is_noop():
+        return RepairResult(plan, None, False, build_record(plan, None),
+                            notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
+    hasher = BackgroundHash(source)
+    writer = _writer_for(ckpt.format)
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    backup = writer(plan, out, lambda: build_record(plan, hasher.result()), generator=generator,
+                    in_place=in_place, progress=progress)
+    return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
+
+
+def _writer_for(fmt: str):
+    if fmt in ("torch", "lightning"):
+        from ckptfix.surgery.write_torch import write_torch_checkpoint
+
+        return write_torch_checkpoint
+    if fmt == "safetensors":
+        from ckptfix.surgery.write_hf import write_safetensors_file
+
+        return write_safetensors_file
+    if fmt in ("hf-trainer", "hf-model"):
+        from ckptfix.surgery.write_hf import write_hf_folder
+
+        return write_hf_folder
+    raise RepairError(f"repair does not support the {fmt} format yet; inspect it, or convert it to a .pth first")
+
+
+def build_record(plan: RepairPlan, source_sha256: str | None) -> dict[str, Any]:
+    """The provenance entry written into the output (or its ckptfix.json sidecar)."""
+    from ckptfix import __version__
+    from ckptfix.mapping import map_optimizer
+
+    mapping = map_optimizer(plan.ckpt)
+    indices = plan.ckpt.optimizer.indices() if plan.ckpt.optimizer is not None else []
+    return {
+        "schema": RECORD_SCHEMA,
+        "tool": "ckptfix",
+        "version": __version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": os.path.abspath(plan.ckpt.path),
+        "source_sha256": source_sha256,
+        "format": plan.ckpt.format,
+        "policy": plan.policy,
+        "init": plan.init,
+        "tokenizer": {"path": os.path.abspath(plan.tokenizer.path), "size": plan.tokenizer.size},
+        "from_tokenizer": ({"path": os.path.abspath(plan.from_tokenizer.path), "size": plan.from_tokenizer.size}
+                           if plan.from_tokenizer is not None else None),
+        "target_rows": plan.target_rows,
+        "changes": plan.changes,
+        "optimizer_state": "dropped" if plan.drop_optimizer_state else "remapped" if plan.moments else "kept",
+        "scheduler_state": "reset" if plan.reset_scheduler else "kept",
+        "scaler_reset": plan.reset_scaler,
+        "rewarm": bool(plan.drop_optimizer_state and plan.ckpt.optimizer is not None),
+        "param_names": [mapping.names.get(i) for i in indices],
+        "param_names_method": mapping.method,
+        "notes": list(plan.notes),
+    }
+
+
+def record_json(record: dict[str, Any]) -> bytes:
+    return (json.dumps(record, indent=2, sort_keys=False) + "\n").encode()

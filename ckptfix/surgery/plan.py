@@ -1,0 +1,162 @@
+"""What a repair will do, decided from the checkpoint model alone (no format specifics, no bytes read).
+
+Policies for the optimizer:
+  remap  moments follow their parameter's rows exactly (default for Adam-like optimizers);
+  fresh  drop all optimizer state, keep param_groups and the scheduler position; the loop must re-warm;
+  reset  drop optimizer and scheduler state; the schedule starts again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.checks import Finding
+from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
+from ckptfix.errors import RepairError
+from ckptfix.surgery.rows import RowPlan, apply_plan, moment_fill, new_row_values, plan_by_id, plan_by_token
+from ckptfix.vocab import padded_size
+
+POLICIES = ("remap", "fresh", "reset")
+INITS = ("mean", "zeros", "normal")
+ADAM_LIKE = ("adam", "adamw")
+DEFAULT_SCALE = 65536.0
+
+
+@dataclass
+class TensorEdit:
+    """One tensor to rewrite with a row plan: a weight (new rows by `init`) or a moment (new rows by key)."""
+
+    name: str
+    role: str  # embedding | head | head-bias | vocab-sized | moment
+    source: TensorInfo
+    plan: RowPlan
+    moment_key: str | None = None
+
+    @property
+    def new_shape(self) -> tuple[int, ...]:
+        if self.role == "head-bias" and len(self.source.shape) == 2:  # final_logits_bias is (1, vocab)
+            return (self.source.shape[0], self.plan.new_rows)
+        return (self.plan.new_rows, *self.source.shape[1:])
+
+    def produce(self, init: str, std: float, generator: Any) -> Any:
+        """The rewritten tensor (torch, contiguous). Only this tensor is held while it is written."""
+        old = self.source.to_torch()
+        transposed = self.role == "head-bias" and old.dim() == 2
+        if transposed:
+            old = old.reshape(-1)
+        if self.moment_key is not None:
+            fill = moment_fill(old, self.moment_key)
+        else:
+            fill = new_row_values(old, self.plan.new, init, std, generator)
+        out = apply_plan(old, self.plan, fill).contiguous()
+        return out.reshape(self.new_shape) if transposed else out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tensor": self.name, "role": self.role, "old_shape": list(self.source.shape),
+                "new_shape": list(self.new_shape), **self.plan.to_json()}
+
+
+@dataclass
+class RepairPlan:
+    ckpt: Checkpoint
+    tokenizer: Any
+    from_tokenizer: Any
+    policy: str
+    init: str
+    std: float
+    target_rows: int
+    weights: dict[str, TensorEdit] = field(default_factory=dict)  # by model name (tied aliases follow)
+    moments: dict[tuple[Any, str], TensorEdit] = field(default_factory=dict)  # by (optimizer index, key)
+    drop_optimizer_state: bool = False
+    reset_scheduler: bool = False
+    reset_scaler: bool = False
+    findings_before: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changes(self) -> list[dict[str, Any]]:
+        return [e.to_json() for e in list(self.weights.values()) + list(self.moments.values())]
+
+    def is_noop(self) -> bool:
+        return not (self.weights or self.moments or self.drop_optimizer_state or self.reset_scheduler
+                    or self.reset_scaler)
+
+
+def default_policy(ckpt: Checkpoint) -> str:
+    if ckpt.optimizer is None or ckpt.optimizer.kind in ADAM_LIKE + ("sgd-momentum", "sgd"):
+        return "remap"
+    return "fresh"  # Adafactor's factored moments or an unknown optimizer: don't guess their row layout
+
+
+def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str | None = None,
+              init: str = "mean", std: float = 0.02, pad_to_multiple_of: int | None = None) -> RepairPlan:
+    """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer."""
+    ckpt = report.ckpt
+    policy = policy or default_policy(ckpt)
+    if policy not in POLICIES:
+        raise RepairError(f"unknown --policy {policy!r} (choose {', '.join(POLICIES)})")
+    if init not in INITS:
+        raise RepairError(f"unknown --init {init!r} (choose {', '.join(INITS)})")
+    if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+        raise RepairError("--pad-to-multiple-of must be a positive integer")
+    target = padded_size(tokenizer.size, pad_to_multiple_of) if pad_to_multiple_of else tokenizer.size
+    plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
+                      findings_before=list(report.findings))
+    vocab = [v for v in report.vocab if v.tied_to is None]
+    if not vocab:
+        raise RepairError(f"{ckpt.path}: no embedding or LM-head tensor found to resize "
+                          "(names like embed_tokens/wte/lm_head, or 2-D tensors with the vocab's row count)")
+    plans: dict[int, RowPlan] = {}
+    for v in vocab:
+        rows_plan = plans.setdefault(v.rows, _row_plan(v.rows, target, tokenizer, from_tokenizer))
+        if rows_plan.is_identity():
+            continue
+        plan.weights[v.name] = TensorEdit(v.name, v.role, ckpt.model[v.name], rows_plan)
+        if policy == "remap":
+            for key, moment in v.moments.items():
+                moment_rows = moment.shape[-1] if v.role == "head-bias" and len(moment.shape) == 2 else moment.shape[0]
+                mplan = rows_plan if moment_rows == v.rows else plan_by_id(moment_rows, rows_plan.new_rows)
+                if mplan is not rows_plan:
+                    plan.notes.append(f"{key} of {v.name} had {moment_rows} rows, not {v.rows}: resized by id")
+                plan.moments[(v.optimizer_index, key)] = TensorEdit(f"{v.name}:{key}", v.role, moment, mplan, key)
+            if ckpt.optimizer is not None and v.optimizer_index is None:
+                plan.notes.append(f"no optimizer state could be matched to {v.name}; its moments (if any) are dropped")
+                plan.drop_optimizer_state = True
+    _plan_optimizer(plan)
+    _plan_scaler(plan)
+    _note_lost_tokens(plan)
+    return plan
+
+
+def _row_plan(rows: int, target: int, tokenizer: Any, from_tokenizer: Any) -> RowPlan:
+    if from_tokenizer is None:
+        return plan_by_id(rows, target)
+    return plan_by_token(rows, target, from_tokenizer.id_to_token(), tokenizer.id_to_token())
+
+
+def _plan_optimizer(plan: RepairPlan) -> None:
+    opt = plan.ckpt.optimizer
+    if opt is None:
+        return
+    if plan.policy in ("fresh", "reset"):
+        plan.drop_optimizer_state = True
+    if plan.policy == "reset":
+        plan.reset_scheduler = plan.ckpt.scheduler is not None
+    if plan.policy == "remap" and opt.kind == "adafactor" and plan.weights:
+        raise RepairError("Adafactor keeps factored row/column statistics; use --policy fresh or reset")
+
+
+def _plan_scaler(plan: RepairPlan) -> None:
+    scale = (plan.ckpt.scaler or {}).get("scale")
+    if isinstance(scale, (int, float)) and not (FP16_SMALLEST_SUBNORMAL <= scale < float("inf")):
+        plan.reset_scaler = True
+        plan.notes.append(f"GradScaler scale {scale} reset to {DEFAULT_SCALE:g} (collapsed or not finite)")
+
+
+def _note_lost_tokens(plan: RepairPlan) -> None:
+    for edit in plan.weights.values():
+        if edit.plan.dropped and edit.role == "embedding":
+            ids = ", ".join(edit.plan.to_json()["dropped_ids"])
+            plan.notes.append(f"shrinking {edit.name}: {edit.plan.dropped} row(s) dropped, token ids lost: {ids}")

@@ -1,0 +1,102 @@
+"""Apply a repair plan to an unpickled `torch.save` tree: a new tree plus where each storage's bytes come from.
+
+The source tree is never mutated. Unchanged tensors keep their storage (copied raw at write time);
+edited tensors get a fresh storage whose bytes are produced while its record is written.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable
+
+from ckptfix.formats.common import iter_tensor_refs
+from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+from ckptfix.formats.torch_save import StorageSource
+from ckptfix.surgery.plan import DEFAULT_SCALE, RepairPlan, TensorEdit
+
+
+class StorageTable:
+    """Output storages: copied from the source archive, or produced by a tensor edit."""
+
+    def __init__(self, tree: Any, locate_for: Callable, archive: Any, produce: Callable[[TensorEdit], Any]):
+        self.locate_for, self.archive, self.produce = locate_for, archive, produce
+        keys = [r.storage.key for r in iter_tensor_refs(tree)]
+        self.next_key = max((int(k) for k in keys if k.isdigit()), default=-1) + 1
+        self.new: dict[str, StorageSource] = {}
+
+    def new_tensor(self, old: TensorRef, edit: TensorEdit) -> TensorRef:
+        key = str(self.next_key)
+        self.next_key += 1
+        shape = edit.new_shape
+        numel = 1
+        for d in shape:
+            numel *= d
+        storage = StorageRef(key, old.dtype, old.storage.location, numel)
+        self.new[key] = StorageSource(produce=lambda: self.produce(edit))
+        stride = tuple(_contiguous_stride(shape))
+        return TensorRef(storage, 0, tuple(shape), stride, old.dtype, old.requires_grad, old.is_parameter)
+
+    def source_for(self, storage: StorageRef) -> StorageSource:
+        if storage.key in self.new:
+            return self.new[storage.key]
+        crc = None
+        if self.archive is not None:
+            info = self.archive.members.get(f"{self.archive.prefix}/data/{storage.key}")
+            crc = info.CRC if info is not None else None
+        return StorageSource(copy_from=self.locate_for(storage), crc=crc)
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> list[int]:
+    stride, step = [], 1
+    for d in reversed(shape):
+        stride.append(step)
+        step *= max(d, 1)
+    return list(reversed(stride))
+
+
+def edit_model(state: Any, plan: RepairPlan, table: StorageTable, prefix: str = "") -> Any:
+    """A copy of a model state_dict with edited tensors replaced; tied aliases share the new tensor."""
+    replaced: dict[str, TensorRef] = {}
+    out = type(state)() if isinstance(state, collections.OrderedDict) else {}
+    for key, value in state.items():
+        name = f"{prefix}{key}"
+        owner = plan.ckpt.tied.get(name, name)
+        if owner in plan.weights and isinstance(value, TensorRef):
+            if owner not in replaced:
+                replaced[owner] = table.new_tensor(value, plan.weights[owner])
+            out[key] = replaced[owner]
+        else:
+            out[key] = value
+    if hasattr(state, "_metadata"):
+        out._metadata = state._metadata
+    return out
+
+
+def edit_optimizer(sd: dict, plan: RepairPlan, table: StorageTable) -> dict:
+    """A copy of an optimizer state_dict: moments remapped, or state dropped (param_groups kept)."""
+    groups = [dict(g) for g in sd["param_groups"]]
+    if plan.reset_scheduler:
+        for g in groups:  # the schedule starts again from its base LR
+            if "initial_lr" in g:
+                g["lr"] = g["initial_lr"]
+    if plan.drop_optimizer_state:
+        return {**sd, "state": {}, "param_groups": groups}
+    state = {}
+    for index, entries in sd["state"].items():
+        entries = dict(entries)
+        for key, value in entries.items():
+            edit = plan.moments.get((index, key))
+            if edit is not None and isinstance(value, TensorRef):
+                entries[key] = table.new_tensor(value, edit)
+        state[index] = entries
+    return {**sd, "state": state, "param_groups": groups}
+
+
+def edit_scaler(scaler: dict, plan: RepairPlan) -> dict:
+    if not plan.reset_scaler:
+        return scaler
+    out = dict(scaler)
+    out["scale"] = DEFAULT_SCALE
+    if "_growth_tracker" in out:
+        out["_growth_tracker"] = 0
+    return out

@@ -1,0 +1,151 @@
+"""Write repaired safetensors files and Hugging Face folders (Trainer `checkpoint-N/`, `save_pretrained`).
+
+A folder becomes a new folder with the same files: weight files holding an edited tensor are
+rewritten (streamed), the others copied; `optimizer.pt`/`scaler.pt` rewritten when the policy
+changes them; `config.json` gets the new `vocab_size`; tokenizer files come from the new tokenizer;
+`training_args.bin`, `rng_state*.pth` and `trainer_state.json` are copied as bytes, never unpickled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Callable
+
+from ckptfix.formats import safetensors_file, safetensors_save, torch_file, torch_save
+from ckptfix.io import atomic_file, atomic_folder, backup_path
+from ckptfix.surgery.plan import RepairPlan
+from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer, edit_scaler
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "spiece.model", "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")
+
+
+def write_safetensors_file(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, generator: Any,
+                           in_place: bool, progress: Any = None) -> str | None:
+    """A single `.safetensors` (weights only); the record goes to `OUT.ckptfix.json`."""
+    from ckptfix.surgery import record_json
+
+    backup = backup_path(out) if in_place else None
+    with atomic_file(out, mode_like=plan.ckpt.path, backup=in_place) as f:
+        _write_safetensors(plan, plan.ckpt.path, f, generator)
+    with atomic_file(out + ".ckptfix.json") as f:
+        f.write(record_json(record_fn()))
+    return backup
+
+
+def _write_safetensors(plan: RepairPlan, source: str, f: Any, generator: Any) -> None:
+    tensors, metadata = safetensors_file.tensors(source)
+    entries = []
+    for name, t in sorted(tensors.items(), key=lambda kv: kv[1].locate().start):
+        edit = plan.weights.get(plan.ckpt.tied.get(name, name))
+        if edit is not None:
+            entries.append(safetensors_save.Entry(name, t.dtype, edit.new_shape,
+                                                  produce=lambda e=edit: e.produce(plan.init, plan.std, generator)))
+        else:
+            entries.append(safetensors_save.Entry(name, t.dtype, t.shape, copy_from=t.locate()))
+    safetensors_save.write(f, entries, metadata or None)
+
+
+def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, generator: Any,
+                    in_place: bool, progress: Any = None) -> str | None:
+    from ckptfix.surgery import record_json
+
+    source = plan.ckpt.path
+    edited_files = {plan.ckpt.model[name].locate().file for name in plan.weights}
+    backup = backup_path(out) if in_place and os.path.exists(out) else None
+    with atomic_folder(out, backup=in_place) as tmp:
+        for name in sorted(os.listdir(source)):
+            src, dst = os.path.join(source, name), os.path.join(tmp, name)
+            if name in TOKENIZER_FILES or name == "ckptfix.json":
+                continue
+            if os.path.isdir(src):
+                shutil.copytree(src, dst, symlinks=True)
+            elif os.path.realpath(src) in {os.path.realpath(p) for p in edited_files}:
+                _rewrite_weights(plan, src, dst, generator)
+            elif not _rewrite_training_file(plan, name, src, dst, generator):
+                shutil.copy2(src, dst)
+        _update_index_sizes(plan, tmp)
+        _copy_tokenizer(plan.tokenizer, tmp)
+        with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
+            f.write(record_json(record_fn()))
+    return backup
+
+
+def _rewrite_weights(plan: RepairPlan, src: str, dst: str, generator: Any) -> None:
+    with open(dst, "wb") as f:
+        if src.endswith(".safetensors"):
+            _write_safetensors(plan, src, f, generator)
+        else:
+            _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_model(tree, plan, table))
+
+
+def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, generator: Any) -> bool:
+    """optimizer.pt / scheduler.pt / scaler.pt / config.json as the policy requires. False: copy as is."""
+    if name in ("optimizer.pt", "scheduler.pt") and plan.reset_scheduler:
+        return True  # both gone: the Trainer builds a fresh optimizer and schedule
+    if name == "optimizer.pt" and (plan.moments or plan.drop_optimizer_state):
+        with open(dst, "wb") as f:
+            _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_optimizer(tree, plan, table))
+        return True
+    if name == "scaler.pt" and plan.reset_scaler:
+        with open(dst, "wb") as f:
+            _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_scaler(tree, plan))
+        return True
+    if name == "config.json":
+        with open(src, "rb") as f:
+            config = json.loads(f.read().decode("utf-8"))
+        if isinstance(config, dict) and "vocab_size" in config:
+            config["vocab_size"] = plan.target_rows
+        with open(dst, "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=2, sort_keys=True)
+            f.write("\n")
+        return True
+    return False
+
+
+def _rewrite_torch(src: str, f: Any, plan: RepairPlan, generator: Any, edit: Callable) -> None:
+    tree, locate_for, archive = torch_file.load(src)
+    table = StorageTable(tree, locate_for, archive, lambda e: e.produce(plan.init, plan.std, generator))
+    prefix = archive.prefix if archive is not None else "archive"
+    torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix)
+
+
+def _update_index_sizes(plan: RepairPlan, folder: str) -> None:
+    """Sharded indexes carry `metadata.total_size`; keep it true after rows changed."""
+    delta = sum(_nbytes(e.new_shape, e.source.dtype) - e.source.nbytes for e in plan.weights.values())
+    for name in os.listdir(folder):
+        if not name.endswith(".index.json") or delta == 0:
+            continue
+        path = os.path.join(folder, name)
+        with open(path, "rb") as f:
+            index = json.loads(f.read().decode("utf-8"))
+        meta = index.get("metadata")
+        if isinstance(meta, dict) and isinstance(meta.get("total_size"), int):
+            meta["total_size"] += delta
+            with open(path, "w", encoding="utf-8") as f:
+                json.dump(index, f, indent=2, sort_keys=True)
+                f.write("\n")
+
+
+def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    from ckptfix.formats.pickle_safe import DTYPE_SIZES
+
+    n = DTYPE_SIZES[dtype]
+    for d in shape:
+        n *= d
+    return n
+
+
+def _copy_tokenizer(tokenizer: Any, folder: str) -> None:
+    """The new tokenizer's files, so the folder loads with the vocab it was resized for."""
+    path = tokenizer.path
+    if os.path.isdir(path):
+        for name in TOKENIZER_FILES:
+            if os.path.exists(os.path.join(path, name)):
+                shutil.copy2(os.path.join(path, name), os.path.join(folder, name))
+    elif tokenizer.kind == "sentencepiece":
+        shutil.copy2(path, os.path.join(folder, "tokenizer.model"))
+    else:
+        shutil.copy2(path, os.path.join(folder, "tokenizer.json"))

@@ -1,0 +1,81 @@
+"""Write a repaired `torch.save` checkpoint (plain dict, bare state_dict, or Lightning `.ckpt`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from ckptfix.errors import RepairError
+from ckptfix.formats import torch_file, torch_save
+from ckptfix.io import atomic_file, backup_path
+from ckptfix.surgery.plan import RepairPlan
+from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer, edit_scaler
+
+
+def _get(tree: Any, section: str) -> tuple[Any, Any, Any]:
+    """(container, key, value) for a section path like "optimizer" or "optimizer_states[0]"."""
+    if section.endswith("]"):
+        key, index = section[:-1].split("[")
+        container = tree[key]
+        return container, int(index), container[int(index)]
+    return tree, section, tree[section]
+
+
+def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
+    """The output tree: sections edited per the plan, every other entry kept verbatim."""
+    ckpt = plan.ckpt
+    if ckpt.sections.get("model") == "":  # a bare state_dict: the record goes to a sidecar
+        return edit_model(tree, plan, table)
+    out = type(tree)(tree)
+    copies: dict[str, Any] = {}  # list sections (Lightning) are copied once, then edited in place
+
+    def put(section: str, value: Any) -> None:
+        container, key, _ = _get(out, section)
+        if isinstance(key, int):
+            name = section.split("[")[0]
+            container = copies.setdefault(name, list(container))
+            out[name] = container
+        container[key] = value
+
+    if "model" in ckpt.sections:
+        put(ckpt.sections["model"], edit_model(_get(tree, ckpt.sections["model"])[2], plan, table))
+    if "optimizer" in ckpt.sections:
+        put(ckpt.sections["optimizer"], edit_optimizer(_get(tree, ckpt.sections["optimizer"])[2], plan, table))
+    if "scaler" in ckpt.sections:
+        put(ckpt.sections["scaler"], edit_scaler(_get(tree, ckpt.sections["scaler"])[2], plan))
+    if plan.reset_scheduler and "scheduler" in ckpt.sections:
+        section = ckpt.sections["scheduler"]
+        if section.endswith("]"):
+            out[section.split("[")[0]] = []  # Lightning restores no scheduler state from an empty list
+        else:
+            del out[section]
+    return out
+
+
+def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, generator: Any,
+                           in_place: bool, progress: Any = None) -> str | None:
+    """Stream the repaired checkpoint to `out` atomically. Returns the backup path when writing in place."""
+    from ckptfix.surgery import record_json
+
+    source = plan.ckpt.path
+    tree, locate_for, archive = torch_file.load(source)
+    produce = lambda edit: edit.produce(plan.init, plan.std, generator)  # noqa: E731
+    table = StorageTable(tree, locate_for, archive, produce)
+    bare = plan.ckpt.sections.get("model") == ""
+    new_tree = edited_tree(plan, tree, table)
+
+    def finish(t: Any) -> Any:  # the record needs the source hash, computed while records were copied
+        return t if bare else {**t, "ckptfix": record_fn()}
+
+    prefix = archive.prefix if archive is not None else "archive"
+    version = archive.read_member("version") if archive is not None else None
+    backup = backup_path(out) if in_place else None
+    with atomic_file(out, mode_like=source, backup=in_place) as f:
+        torch_save.write(f, new_tree, table.source_for, prefix=prefix,
+                         extra_members={"version": version} if version else None, finish=finish)
+    if bare:
+        with atomic_file(out + ".ckptfix.json") as f:
+            f.write(record_json(record_fn()))
+    if in_place and not os.path.exists(backup or ""):
+        raise RepairError(f"{out}: backup was not created")
+    return backup
