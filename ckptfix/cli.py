@@ -68,6 +68,49 @@ def inspect(checkpoint: str, tokenizer: str | None, as_json: bool, scan: bool, v
     sys.exit(report.exit_code)
 
 
+@cli.command()
+@click.argument("checkpoint", type=click.Path())
+@click.option("--tokenizer", "-t", required=True, type=click.Path(), help="The tokenizer the run will use now.")
+@click.option("--out", "-o", type=click.Path(), help="Output path (same format as the input). Required unless --dry-run.")
+@click.option("--from-tokenizer", type=click.Path(), help="The tokenizer the checkpoint was trained with: rows move by token string.")
+@click.option("--policy", type=click.Choice(["remap", "fresh", "reset"]),
+              help="Optimizer state: remap moments (default for Adam), fresh (drop state, keep schedule), reset (drop both).")
+@click.option("--init", "init", type=click.Choice(["mean", "zeros", "normal"]), default="mean", show_default=True,
+              help="New rows: mean (HF mean_resizing), zeros, or normal with --std.")
+@click.option("--std", type=float, default=0.02, show_default=True, help="Standard deviation for --init normal.")
+@click.option("--pad-to-multiple-of", type=click.IntRange(min=1), help="Round the row count up (e.g. 64 or 128).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for sampled new rows.")
+@click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists (if OUT is the input, a .bak is kept).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema ckptfix.repair/1).")
+@click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
+def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, policy: str | None, init: str,
+           std: float, pad_to_multiple_of: int | None, seed: int, dry_run: bool, force: bool, as_json: bool,
+           trust_pickle: bool) -> None:
+    """Resize embeddings/heads and their optimizer state to TOKENIZER; write a new resume checkpoint.
+
+    \b
+    Examples:
+      ckptfix repair ckpt.pth --tokenizer tok.model -o ckpt.fixed.pth
+      ckptfix repair ckpt.pth -t new/tokenizer.json --from-tokenizer old/tokenizer.json -o fixed.pth
+      ckptfix repair output/checkpoint-500 -t new_tok/ -o output/checkpoint-500-fixed --policy fresh
+      ckptfix repair ckpt.pth -t tok.model --pad-to-multiple-of 64 --dry-run
+    """
+    from ckptfix.surgery import repair as run_repair
+
+    if out is None and not dry_run:
+        raise click.UsageError("missing -o/--out (or pass --dry-run)")
+    result = run_repair(checkpoint, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
+                        pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
+                        trust_pickle=trust_pickle, seed=seed, progress=_progress)
+    if as_json:
+        _emit_json(result.to_json())
+    else:
+        from ckptfix.render import render_repair
+
+        click.echo(render_repair(result))
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every CkptfixError becomes one line on stderr and exit code 2, never a traceback."""
     try:

@@ -114,3 +114,27 @@ def _vocab(v: dict) -> list[str]:
     if v["tied_head_not_stored"]:
         lines.append(_line("", "lm_head tied to the input embedding (config.json tie_word_embeddings; not stored)"))
     return lines
+
+
+def render_repair(result) -> str:
+    data = result.to_json()
+    verb = "would write" if data["dry_run"] else ("wrote" if data["output"] else "wrote nothing")
+    tok = data["tokenizer"]
+    lines = [f"{data['source']}  ({data['format']})  ->  {data['output'] or '-'}",
+             _line("tokenizer", f"{tok['source']}: {tok['size']} tokens; target rows {data['target_rows']}"),
+             _line("policy", f"{data['policy']}; optimizer state {data['optimizer_state']}, "
+                             f"scheduler {data['scheduler_state']}, new rows init {data['init']}"
+                             + ("; the loop must re-warm the LR" if data["rewarm"] else ""))]
+    for c in data["changes"]:
+        lines.append(_line("", f"{c['tensor']}  {c['old_shape']} -> {c['new_shape']}  kept {c['kept']}, "
+                               f"moved {c['moved']}, new {c['new']}, dropped {c['dropped']}"))
+    if not data["changes"]:
+        lines.append(_line("", "no tensor changes"))
+    if data["scaler_reset"]:
+        lines.append(_line("scaler", "collapsed/non-finite scale reset to 65536"))
+    for note in data["notes"]:
+        lines.append(_line("note", note))
+    if data["backup"]:
+        lines.append(_line("backup", data["backup"]))
+    lines.append(f"{verb} {data['output']}" if data["output"] else verb)
+    return "\n".join(lines)
