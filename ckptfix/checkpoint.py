@@ -93,17 +93,21 @@ class TensorInfo:
         return f"{self.name} {list(self.shape)} {self.dtype}"
 
 
-_MAPS: dict[tuple[str, bool], mmap.mmap] = {}
+_MAPS: dict[tuple, mmap.mmap] = {}
 
 
 def file_map(path: str, writable: bool = False) -> mmap.mmap:
     """One shared map per file: reading many small records costs no open() each.
 
+    Keyed by inode, size and mtime too, so a file replaced under the same name is mapped afresh.
     The writable map is copy-on-write (ACCESS_COPY): writes stay private, the file never changes.
     """
-    key = (os.path.realpath(path), writable)
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, writable)
     mapped = _MAPS.get(key)
     if mapped is None or mapped.closed:
+        if st.st_size == 0:
+            raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
         with open(path, "rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY if writable else mmap.ACCESS_READ)
         _MAPS[key] = mapped
