@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
@@ -103,7 +104,9 @@ def file_map(path: str, writable: bool = False) -> mmap.mmap:
     The writable map is copy-on-write (ACCESS_COPY): writes stay private, the file never changes.
     """
     st = os.stat(path)
-    key = (os.path.realpath(path), st.st_ino, st.st_size, st.st_mtime_ns, writable)
+    # The inode (device + number) names the file whatever path or link reached it; no realpath()
+    # per call: a step tensor's read maps its file twice, and checkpoints hold hundreds of steps.
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, writable)
     mapped = _MAPS.get(key)
     if mapped is None or mapped.closed:
         if st.st_size == 0:
@@ -156,9 +159,15 @@ def read_scalar(tensor: TensorInfo) -> float | None:
     """A 0-d/1-element tensor's value (optimizer `step` is one); None if unreadable."""
     if tensor.numel != 1:
         return None
-    try:
-        return float(np.asarray(tensor.read()).reshape(-1)[0])
-    except (UnreadableCheckpoint, ValueError, TypeError):
+    try:  # the one element directly: no strided view (this runs for every optimizer `step`)
+        storage = _mapped_storage(tensor)
+        if not 0 <= tensor.offset < storage.size:
+            return None  # the view lies outside its storage record
+        value = storage[tensor.offset]
+        if tensor.dtype == "bfloat16":
+            value = (np.uint32(value) << np.uint32(16)).view(np.float32)
+        return float(value)
+    except (UnreadableCheckpoint, ValueError, TypeError, IndexError):
         return None
 
 
@@ -229,10 +238,12 @@ class Checkpoint:
         return [n for n, t in self.model.items() if n not in self.tied and t.is_float and not _is_buffer(n)]
 
 
-_BUFFER_SUFFIXES = ("running_mean", "running_var", "num_batches_tracked", "position_ids",
-                    "inv_freq", "masked_bias", "attn.bias", "token_type_ids")
+# Registered buffers that state_dicts carry but optimizers never see. "attn.bias" is GPT-2's causal
+# mask buffer; it must not match a parameter such as "attn.c_attn.bias".
+_BUFFER = re.compile(r"(^|\.)(running_mean|running_var|num_batches_tracked|position_ids|inv_freq|masked_bias|"
+                     r"attn\.bias|token_type_ids)$")
 
 
 def _is_buffer(name: str) -> bool:
-    return name.endswith(_BUFFER_SUFFIXES)
+    return _BUFFER.search(name) is not None
 

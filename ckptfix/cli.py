@@ -111,6 +111,36 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
         click.echo(render_repair(result))
 
 
+@cli.command()
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema ckptfix.diff/1).")
+@click.option("--atol", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+              help="Count a tensor as changed only if some value moved by more than this.")
+@click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
+def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool) -> None:
+    """Compare checkpoint A (earlier) with B (later): which tensors changed, and are weights moving?
+
+    Exit code 0 when trainable weights changed, 1 when none did, 2 for unreadable input.
+
+    \b
+    Examples:
+      ckptfix diff ckpt-step1000.pth ckpt-step2000.pth
+      ckptfix diff output/checkpoint-500 output/checkpoint-1000 --json
+      ckptfix diff run/epoch=1.ckpt run/epoch=2.ckpt --atol 1e-6
+    """
+    from ckptfix.diff import diff as run_diff
+
+    report = run_diff(a, b, atol=atol, progress=_progress, trust_pickle=trust_pickle)
+    if as_json:
+        _emit_json(report.to_json())
+    else:
+        from ckptfix.render import render_diff
+
+        click.echo(render_diff(report))
+    sys.exit(report.exit_code)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every CkptfixError becomes one line on stderr and exit code 2, never a traceback."""
     try:

@@ -153,6 +153,7 @@ def scaler_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
         return None
     out = {k.lstrip("_"): plain(v) for k, v in ckpt.scaler.items()}
     out["enabled"] = bool(ckpt.scaler)
+    out["section"] = ckpt.sections.get("scaler")
     return out
 
 

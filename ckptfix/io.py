@@ -116,24 +116,55 @@ def _remove(path: str) -> None:
 
 
 def sha256_file(path: str, chunk: int = 1 << 24) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
+        return _sha256_of(f, chunk)
+
+
+def _sha256_of(f: BinaryIO, chunk: int = 1 << 24) -> str:
+    h = hashlib.sha256()
+    while block := f.read(chunk):
+        h.update(block)
     return h.hexdigest()
 
 
+def folder_files(folder: str) -> list[str]:
+    """Every regular file under `folder`, as sorted relative paths."""
+    out = []
+    for root, _, names in os.walk(folder):
+        out.extend(os.path.relpath(os.path.join(root, n), folder) for n in names)
+    return sorted(f for f in out if os.path.isfile(os.path.join(folder, f)))
+
+
 class BackgroundHash:
-    """sha256 of a file computed on another thread while the main thread writes (hashlib drops the GIL)."""
+    """sha256 of the repair source computed on another thread while the main thread writes
+    (hashlib drops the GIL). A folder's hash is the sha256 of its manifest: one line
+    "<sha256>  <relative path>" per file, sorted, as `sha256sum` prints it.
+
+    Files are opened here, before any write starts: an in-place repair replaces the name while the
+    thread may still be starting, and the open descriptors keep hashing the original bytes."""
 
     def __init__(self, path: str):
         self.path, self.value, self.error = path, None, None
+        self.files: list[tuple[str, BinaryIO]] = []
+        try:
+            names = folder_files(path) if os.path.isdir(path) else [""] if os.path.isfile(path) else []
+            self.files = [(n, open(os.path.join(path, n) if n else path, "rb")) for n in names]
+        except OSError as exc:
+            self.error = exc
+        self.is_folder = os.path.isdir(path)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         try:
-            self.value = sha256_file(self.path) if os.path.isfile(self.path) else None
+            digests = []
+            for name, f in self.files:
+                with f:
+                    digests.append(f"{_sha256_of(f)}  {name}\n")
+            if not self.files:
+                return
+            manifest = "".join(digests).encode()
+            self.value = hashlib.sha256(manifest).hexdigest() if self.is_folder else digests[0].split()[0]
         except OSError as exc:
             self.error = exc
 

@@ -67,7 +67,8 @@ def _optimizer(o: dict | None) -> str:
     if o is None:
         return "none saved"
     groups = "; ".join(_group(g) for g in o["param_groups"][:4])
-    step = o["step"] if not isinstance(o["step"], list) else (o["step"] or "none")
+    step = o["step"] if isinstance(o["step"], list) else [o["step"]]
+    step = ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in step) or "none"
     return (f"{o['type']}, {len(o['param_groups'])} group(s) [{groups}], {o['params']} params "
             f"({o['params_with_state']} with state: {', '.join(o['state_keys']) or 'none'}), step {step}, "
             f"mapped by {o['mapping']}, {_size(o['state_bytes'])}")
@@ -104,15 +105,19 @@ def _vocab(v: dict) -> list[str]:
     if tok is None:
         lines.append(_line("vocab", "no tokenizer given (--tokenizer PATH compares rows with it)"))
     else:
+        # added_tokens may include tokens inside the base vocabulary ([UNK], [PAD]): count those past it.
+        beyond = tok["size"] - tok["base_size"]
+        entries = f"; {tok['added']} added-token entries" if tok["added"] != beyond else ""
         lines.append(_line("vocab", f"tokenizer {tok['source']} ({tok['kind']}): {tok['size']} tokens "
-                                    f"({tok['base_size']} base + {tok['added']} added)"))
+                                    f"({tok['base_size']} base + {beyond} added{entries})"))
     for t in v["tensors"]:
         moments = ", ".join(f"{k} {s[0]} rows" for k, s in t["moments"].items())
         tied = f", tied to {t['tied_to']}" if t["tied_to"] else ""
         lines.append(_line("", f"{t['name']}  {t['role']}  {t['rows']} rows{tied}"
                                + (f"; moments: {moments}" if moments else "")))
     if v["tied_head_not_stored"]:
-        lines.append(_line("", "lm_head tied to the input embedding (config.json tie_word_embeddings; not stored)"))
+        lines.append(_line("", "lm_head tied to the input embedding (not stored; config.json tie_word_embeddings "
+                               "or safetensors alias metadata)"))
     return lines
 
 
@@ -138,3 +143,41 @@ def render_repair(result) -> str:
         lines.append(_line("backup", data["backup"]))
     lines.append(f"{verb} {data['output']}" if data["output"] else verb)
     return "\n".join(lines)
+
+
+def render_diff(report: Any) -> str:
+    """A `ckptfix diff` report (ckptfix.diff.DiffReport): sides, counts, verdict, then the tensors."""
+    data = report.to_json()
+    lines = [_line(k.upper(), f"{data[k]['path']}  ({data[k]['format']}, {_side_step(data[k])})") for k in "ab"]
+    s = data["summary"]
+    lines.append(_line("tensors", f"{s['changed']} changed, {s['unchanged']} unchanged, {s['added']} added, "
+                                  f"{s['removed']} removed, {s['reshaped']} reshaped"
+                                  + (f", {s['unreadable']} unreadable" if s["unreadable"] else "")))
+    lines.append(_line("trainable", f"{data['summary_line']} (from {s['trainable_from']})"))
+    lines.append(_line("verdict", data["verdict"]))
+    trainable = [t for t in data["tensors"] if t["trainable"]]
+    moved = sorted((t for t in trainable if t["status"] == "changed"),
+                   key=lambda t: t["rel_change"] if isinstance(t["rel_change"], float) else float("inf"), reverse=True)
+    for t in moved[:10]:
+        lines.append(_line("changed", f"{t['name']}  max|d| {_g(t['max_abs'])}  rel {_g(t['rel_change'])}"))
+    still = [t["name"] for t in trainable if t["status"] == "unchanged"]
+    if still and moved:  # when nothing moved the verdict says it; list the odd ones out only
+        lines.append(_line("unchanged", ", ".join(still[:8]) + (f" (+{len(still) - 8} more)" if len(still) > 8 else "")))
+    for t in data["tensors"]:
+        if t["status"] == "added":
+            lines.append(_line("added", f"{t['name']} {t['shape_b']} {t['dtype_b']}"))
+        elif t["status"] == "removed":
+            lines.append(_line("removed", f"{t['name']} {t['shape_a']} {t['dtype_a']}"))
+        elif t["status"] == "reshaped":
+            lines.append(_line("reshaped", f"{t['name']} {t['shape_a']} {t['dtype_a']} -> {t['shape_b']} {t['dtype_b']}"))
+    for note in data["notes"]:
+        lines.append(_line("note", note))
+    return "\n".join(lines)
+
+
+def _side_step(side: dict) -> str:
+    return "unknown step" if side["step"] is None else f"step {side['step']:g}"
+
+
+def _g(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)

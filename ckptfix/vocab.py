@@ -102,7 +102,16 @@ def _attach_moments(ckpt: Checkpoint, mapping: ParamMapping, found: dict[str, Vo
 
 
 def tied_head_missing(ckpt: Checkpoint) -> bool:
-    """HF drops a tied lm_head from safetensors; config.json says whether it is tied."""
+    """HF drops a tied lm_head from safetensors; config.json says whether it is tied.
+
+    `safetensors.torch.save_model` drops it too and records the alias in the file's metadata
+    (dropped name -> kept name), which says the same without a config.
+    """
     config = ckpt.extras.get("config")
     has_head = any(v for v in ckpt.model if v.startswith("lm_head") or v.endswith("lm_head.weight"))
-    return isinstance(config, dict) and bool(config.get("tie_word_embeddings", False)) and not has_head
+    if isinstance(config, dict) and bool(config.get("tie_word_embeddings", False)) and not has_head:
+        return True
+    metadata = ckpt.extras.get("__metadata__")
+    return isinstance(metadata, dict) and any(
+        isinstance(kept, str) and kept in ckpt.model and dropped not in ckpt.model and HEAD_NAMES.search(dropped)
+        and EMBEDDING_NAMES.search(kept) for dropped, kept in metadata.items())

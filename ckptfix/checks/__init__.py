@@ -96,3 +96,17 @@ def _load_check_modules() -> None:
 def registry() -> dict[str, Check]:
     _load_check_modules()
     return dict(sorted(REGISTRY.items()))
+
+
+def codes_table_markdown() -> str:
+    """The README's table of finding codes, generated from the registry (tests/test_docs.py checks they agree).
+
+    One row per code: | code | severity | title | what it means |. Pipes in the text are escaped.
+    """
+    def cell(text: str) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")
+
+    lines = ["| code | severity | title | what it means |", "| --- | --- | --- | --- |"]
+    for spec in registry().values():
+        lines.append(f"| {spec.code} | {spec.severity} | {cell(spec.title)} | {cell(spec.doc)} |")
+    return "\n".join(lines)

@@ -17,8 +17,8 @@ def non_finite_count(tensor: TensorInfo) -> int:
     if not tensor.is_float or tensor.dtype.startswith("float8") or tensor.numel == 0:
         return 0
     values = tensor.read().reshape(-1)
-    return sum(int(values.size - np.count_nonzero(np.isfinite(values[i:i + CHUNK])))
-               for i in range(0, values.size, CHUNK))
+    return sum(int(chunk.size - np.count_nonzero(np.isfinite(chunk)))
+               for chunk in (values[i:i + CHUNK] for i in range(0, values.size, CHUNK)))
 
 
 def _scan(ctx: Context, tensors: list[TensorInfo], label: str) -> dict[str, int]:

@@ -7,12 +7,29 @@ Modules are imported only when a path needs them, to keep `ckptfix inspect` star
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+import stat
+from typing import TYPE_CHECKING, BinaryIO
 
 from ckptfix.errors import UnreadableCheckpoint
 
 if TYPE_CHECKING:  # checkpoint.py imports formats.pickle_safe; keep this package import-light
     from ckptfix.checkpoint import Checkpoint
+
+
+def open_regular(path: str) -> BinaryIO:
+    """Open a regular file for reading. A FIFO or device would block or never end: refuse it (the open
+    itself is non-blocking, and the check is on the opened file, so nothing can swap it in between)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise UnreadableCheckpoint(f"{path}: cannot open ({exc.strerror})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "folder" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else \
+            "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "socket or special file"
+        raise UnreadableCheckpoint(f"{path}: not a regular file (a {kind})")
+    return os.fdopen(fd, "rb")
 
 
 def detect(path: str) -> str:
@@ -24,19 +41,21 @@ def detect(path: str) -> str:
 
         return folders.detect(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(16)
     except OSError as exc:
-        raise UnreadableCheckpoint(f"{path}: cannot open ({exc.strerror})") from None
+        raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
     if not head:
         raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
     from ckptfix.formats import safetensors_file, torch_file
 
+    # safetensors first: a header length such as 1152 starts with the bytes 80 04, which look like a
+    # pickle's protocol opcode; the '{' at byte 8 settles it.
+    if safetensors_file.sniff(head):
+        return "safetensors"
     kind = torch_file.sniff(head)
     if kind is not None:
         return kind
-    if safetensors_file.sniff(head):
-        return "safetensors"
     raise UnreadableCheckpoint(f"{path}: not a checkpoint (neither a torch.save zip/pickle nor safetensors; starts with {head[:8]!r})")
 
 

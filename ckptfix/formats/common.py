@@ -56,7 +56,7 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
     ckpt = Checkpoint(path=path, format=fmt, raw=tree)
     if is_state_dict(tree):
         ckpt.sections["model"] = ""
-        ckpt.model = model_tensors(tree, locate_for)
+        ckpt.model = _model_tensors(path, tree, locate_for)
         ckpt.tied = find_tied(ckpt.model)
         return ckpt
     if any(k in tree for k in LIGHTNING_KEYS):
@@ -65,11 +65,12 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
     model_key = _first(tree, MODEL_KEYS, is_state_dict)
     if model_key is not None:
         ckpt.sections["model"] = model_key
-        ckpt.model = model_tensors(tree[model_key], locate_for)
+        ckpt.model = _model_tensors(path, tree[model_key], locate_for)
         ckpt.tied = find_tied(ckpt.model)
         used.add(model_key)
     optim_key = _first(tree, OPTIMIZER_KEYS, is_optimizer_state)
-    if optim_key is None and isinstance(tree.get("optimizer_states"), list) and tree["optimizer_states"]:
+    if optim_key is None and isinstance(tree.get("optimizer_states"), list) and tree["optimizer_states"] \
+            and isinstance(tree["optimizer_states"][0], Mapping):
         optim_key = "optimizer_states"
         if len(tree[optim_key]) > 1:
             ckpt.notes.append(f"{len(tree[optim_key])} optimizers saved; ckptfix reports the first")
@@ -79,7 +80,8 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
         ckpt.optimizer = parse_optimizer(sd, locate_for, path)
         used.add(optim_key)
     sched_key = _first(tree, SCHEDULER_KEYS, lambda v: isinstance(v, Mapping))
-    if sched_key is None and isinstance(tree.get("lr_schedulers"), list) and tree["lr_schedulers"]:
+    if sched_key is None and isinstance(tree.get("lr_schedulers"), list) and tree["lr_schedulers"] \
+            and isinstance(tree["lr_schedulers"][0], Mapping):
         sched_key = "lr_schedulers"
     if sched_key is not None:
         value = tree[sched_key]
@@ -95,23 +97,43 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
         ckpt.record = dict(tree[RECORD_KEY])
         used.add(RECORD_KEY)
         names = ckpt.record.get("param_names")
-        if ckpt.optimizer is not None and isinstance(names, list):
-            ckpt.optimizer.param_names = [str(n) for n in names]
+        if ckpt.optimizer is not None and isinstance(names, list) and all(isinstance(n, str) for n in names):
+            ckpt.optimizer.param_names = list(names)
     ckpt.extras = {k: v for k, v in tree.items() if k not in used}
     if not ckpt.model and ckpt.optimizer is None:
-        keys = ", ".join(map(str, list(tree)[:8]))
+        keys = ", ".join(_key_text(k) for k in list(tree)[:8])
         raise UnreadableCheckpoint(f"{path}: no model weights or optimizer state found (top-level keys: {keys})")
     return ckpt
 
 
-def model_tensors(state: Mapping, locate_for: Locator, prefix: str = "") -> dict[str, TensorInfo]:
+def _key_text(key: Any) -> str:
+    """A top-level key for an error message: printable, one line, short (keys come from the file)."""
+    text = key if isinstance(key, str) else type(key).__name__
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text[:60])
+
+
+MAX_NESTING = 100  # module nesting in a state dict; real models stay far below
+
+
+def _model_tensors(path: str, state: Mapping, locate_for: Locator) -> dict[str, TensorInfo]:
+    try:
+        return model_tensors(state, locate_for)
+    except UnreadableCheckpoint as exc:
+        raise UnreadableCheckpoint(f"{path}: {exc}") from None
+
+
+def model_tensors(state: Mapping, locate_for: Locator, prefix: str = "", _path: tuple[int, ...] = ()) -> dict[str, TensorInfo]:
+    # A pickle can nest a state dict in itself (a cycle) or 100k deep: each dict once per path, bounded depth.
+    if len(_path) > MAX_NESTING:
+        raise UnreadableCheckpoint(f"state dict nested too deeply (more than {MAX_NESTING} levels) at {prefix[:80]!r}")
     out: dict[str, TensorInfo] = {}
+    path = _path + (id(state),)
     for key, value in state.items():
         name = f"{prefix}{key}"
         if isinstance(value, TensorRef):
             out[name] = tensor_from_ref(name, value, locate_for)
-        elif isinstance(value, Mapping) and is_state_dict(value):
-            out.update(model_tensors(value, locate_for, prefix=f"{name}."))
+        elif isinstance(value, Mapping) and id(value) not in path and is_state_dict(value):
+            out.update(model_tensors(value, locate_for, prefix=f"{name}.", _path=path))
     return out
 
 
@@ -143,7 +165,9 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
     for g in groups_raw:
         if not isinstance(g, Mapping) or not isinstance(g.get("params"), list):
             raise UnreadableCheckpoint(f"{origin}: optimizer param group without a params list")
-        options = {k: _lazy(v, f"param_groups.{k}", locate_for) for k, v in g.items() if k != "params"}
+        options = {k: _lazy(v, ("param_groups", k), locate_for) for k, v in g.items() if k != "params"}
+        if not all(isinstance(i, (int, str)) for i in g["params"]):
+            raise UnreadableCheckpoint(f"{origin}: optimizer param group with a parameter id that is not an int or name")
         groups.append(ParamGroup(params=list(g["params"]), options=options))
     state = {}
     for index, entries in state_raw.items():
@@ -151,7 +175,7 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
             continue
         ps = ParamState()
         for key, value in entries.items():
-            value = _lazy(value, f"state.{index}.{key}", locate_for)
+            value = _lazy(value, ("state", index, key), locate_for)
             if key == "step":
                 ps.step = read_scalar(value) if isinstance(value, TensorInfo) else _number(value)
             elif isinstance(value, TensorInfo):
@@ -162,14 +186,20 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
     return OptimizerState(kind=infer_kind(state, groups), groups=groups, state=state)
 
 
-def _lazy(value: Any, name: str, locate_for: Locator | None) -> Any:
+def _lazy(value: Any, where: tuple, locate_for: Locator | None) -> Any:
+    # The name is built only for tensors: str() of an arbitrary pickled key can be costly.
     if isinstance(value, TensorRef) and locate_for is not None:
-        return tensor_from_ref(name, value, locate_for)
+        return tensor_from_ref(".".join(map(str, where)), value, locate_for)
     return value
 
 
 def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an int beyond float range
+        return None
 
 
 def infer_kind(state: Mapping[Any, ParamState], groups: list[ParamGroup]) -> str:
@@ -178,8 +208,10 @@ def infer_kind(state: Mapping[Any, ParamState], groups: list[ParamGroup]) -> str
     for ps in state.values():
         keys.update(ps.tensors)
     options = groups[0].options if groups else {}
-    if {"exp_avg_sq_row", "exp_avg_sq_col"} & keys or {"exp_avg_sq_R", "exp_avg_sq_C"} & keys \
-            or "scale_parameter" in options or "relative_step" in options:
+    # transformers' Adafactor (exp_avg_sq_row/col, scale_parameter) and torch.optim.Adafactor
+    # (row_var/col_var/variance, beta2_decay)
+    if {"exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq_R", "exp_avg_sq_C", "row_var", "col_var"} & keys \
+            or {"scale_parameter", "relative_step", "beta2_decay"} & options.keys():
         return "adafactor"
     if {"exp_avg", "exp_avg_sq"} <= keys or (not keys and "betas" in options):
         if options.get("decoupled_weight_decay") is True:

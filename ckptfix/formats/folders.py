@@ -21,7 +21,7 @@ def detect(path: str) -> str:
     if _has(path, ".metadata"):
         return "dcp"
     if _has(path, "latest") or glob.glob(os.path.join(path, "global_step*")) or \
-            glob.glob(os.path.join(path, "mp_rank_*_model_states.pt")):
+            glob.glob(os.path.join(path, "*mp_rank_*_model_states.pt")):
         return "deepspeed"
     if _has(path, "adapter_config.json"):
         return "peft-adapter"
@@ -47,7 +47,7 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     if kind == "dcp":
         from ckptfix.formats import dcp_folder
 
-        return dcp_folder.read(path)
+        return dcp_folder.read(path, trust_pickle=trust_pickle)
     if kind == "deepspeed":
         from ckptfix.formats import deepspeed_folder
 

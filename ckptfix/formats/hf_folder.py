@@ -60,7 +60,13 @@ def _shards(index_path: str) -> list[str]:
     if not isinstance(weight_map, dict):
         raise UnreadableCheckpoint(f"{index_path}: index without a weight_map")
     folder = os.path.dirname(index_path)
+    if not all(isinstance(s, str) and s for s in weight_map.values()):
+        raise UnreadableCheckpoint(f"{index_path}: weight_map names a shard that is not a file name")
     shards = list(dict.fromkeys(weight_map.values()))
+    # A shard is a file in the folder: an absolute path or ../ would make ckptfix read files elsewhere.
+    escaping = [s for s in shards if os.path.isabs(s) or ".." in s.replace("\\", "/").split("/")]
+    if escaping:
+        raise UnreadableCheckpoint(f"{index_path}: shard {escaping[0][:120]!r} lies outside the folder")
     missing = [s for s in shards if not os.path.exists(os.path.join(folder, str(s)))]
     if missing:
         raise UnreadableCheckpoint(f"{index_path}: shard files missing: {', '.join(map(str, missing[:3]))}")
@@ -96,6 +102,8 @@ def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> Non
         ckpt.extras["trainer_state"] = state
     record = _json(path, "ckptfix.json")
     if record is not None:
+        if not isinstance(record, dict):
+            raise UnreadableCheckpoint(f"{os.path.join(path, 'ckptfix.json')}: not a ckptfix repair record (a JSON object)")
         ckpt.record = record
         if ckpt.optimizer is not None and isinstance(record.get("param_names"), list):
             ckpt.optimizer.param_names = [str(n) for n in record["param_names"]]
@@ -128,8 +136,12 @@ def _json(folder: str, name: str) -> Any:
 
 
 def _load_json(file: str) -> Any:
+    from ckptfix.formats import open_regular
+
     try:
-        with open(file, "rb") as f:
+        with open_regular(file) as f:
             return json.loads(f.read().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, OSError) as exc:
         raise UnreadableCheckpoint(f"{file}: not valid JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+        raise UnreadableCheckpoint(f"{file}: not valid JSON ({type(exc).__name__})") from None

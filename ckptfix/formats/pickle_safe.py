@@ -10,6 +10,7 @@ that records its class name and arguments. No class outside the table is ever im
 from __future__ import annotations
 
 import collections
+import dataclasses
 import io
 import pickle
 import pickletools
@@ -50,10 +51,31 @@ _DTYPE_ALIASES = {
 
 # Bound on pickle size: a state-dict pickle is ~100 bytes per tensor; 1 GiB would be ~10M tensors.
 MAX_PICKLE_BYTES = 1 << 30
+# What no checkpoint holds, refused before or while unpickling (see `_prescan` and `_rebuild_tensor`):
+INT64_MAX = (1 << 63) - 1  # torch sizes, strides, offsets and numels are int64
+MAX_DIMS = 64  # numpy's limit; torch tensors have far fewer
+MAX_INT_BITS = 1023  # a wider int cannot become a float; every checkpoint number fits in 64 bits
+MAX_TUPLE_NODES = 1_000_000  # a memo-shared tuple DAG hashes in time exponential in its depth
+MAX_TUPLE_DEPTH = 100  # hashing a tuple nested ~100k deep overflows the C stack
+MAX_HASH_WORK = 10_000_000  # tuple nodes all dict keys and set members of one pickle may hash (at least)
+
+
+class _Record:
+    """Base of the records the unpickler builds. A pickle's BUILD opcode (`__setstate__`) cannot
+    rewrite them (it could otherwise replace a tensor's shape with anything, or retarget an
+    allowlisted stand-in shared by every later load); copy and pickle still work, through `__reduce__`."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise pickle.UnpicklingError(f"pickle tries to BUILD (set the state of) a {type(self).__name__}")
+
+    def __reduce__(self):
+        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
 
 @dataclass(frozen=True)
-class TorchDtype:
+class TorchDtype(_Record):
     name: str
 
     def __repr__(self) -> str:
@@ -61,7 +83,7 @@ class TorchDtype:
 
 
 @dataclass(frozen=True)
-class TorchDevice:
+class TorchDevice(_Record):
     spec: str
 
     def __repr__(self) -> str:
@@ -69,7 +91,7 @@ class TorchDevice:
 
 
 @dataclass(frozen=True)
-class StorageRef:
+class StorageRef(_Record):
     """A `('storage', type, key, location, numel)` persistent id: one record in the archive."""
 
     key: str
@@ -83,7 +105,7 @@ class StorageRef:
 
 
 @dataclass
-class TensorRef:
+class TensorRef(_Record):
     """A tensor as the pickle describes it; the bytes stay in the archive until someone asks."""
 
     storage: StorageRef
@@ -132,6 +154,9 @@ class OpaqueObject:
     def __setstate__(self, state: Any) -> None:  # BUILD opcode
         object.__setattr__(self, "state", state)
 
+    def __repr__(self) -> str:  # never the arguments: they may be a memo-shared DAG
+        return f"<{_printable(self.cls)} object>"
+
     def __setitem__(self, key: Any, value: Any) -> None:  # SETITEM(S) on dict subclasses
         self.items[key] = value
 
@@ -150,7 +175,9 @@ def _opaque_class(qualname: str) -> type:
         OpaqueObject.__init__(obj, qualname, args)
         return obj
 
-    return type("Opaque", (OpaqueObject,), {"__new__": new, "__init__": lambda self, *a, **k: None})
+    # Hashable by identity: pickles use such objects as dict keys (DCP's MetadataIndex).
+    return type("Opaque", (OpaqueObject,), {"__new__": new, "__init__": lambda self, *a, **k: None,
+                                            "__hash__": object.__hash__})
 
 
 def _dtype_name(value: Any) -> str:
@@ -162,8 +189,24 @@ def _dtype_name(value: Any) -> str:
 def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
     if not isinstance(storage, StorageRef):
         raise pickle.UnpicklingError("tensor without a storage record")
-    return TensorRef(storage, int(offset), tuple(map(int, size)), tuple(map(int, stride)),
-                     storage.dtype, bool(requires_grad))
+    offset, size, stride = _int64(offset), tuple(map(_int64, size)), tuple(map(_int64, stride))
+    # What torch itself cannot hold: readers index storages with these, so they must be sane.
+    if len(size) != len(stride) or len(size) > MAX_DIMS:
+        raise pickle.UnpicklingError(f"tensor with {len(size)} sizes but {len(stride)} strides")
+    if offset < 0 or min(size, default=0) < 0 or min(stride, default=0) < 0:
+        raise pickle.UnpicklingError("tensor with a negative size, stride or offset")
+    numel = 1
+    for d in size:
+        numel *= d
+    if numel > INT64_MAX:
+        raise pickle.UnpicklingError("tensor with more than 2**63 elements")
+    return TensorRef(storage, offset, size, stride, storage.dtype, bool(requires_grad))
+
+
+def _int64(value: Any) -> int:
+    if not isinstance(value, int) or not -INT64_MAX <= value <= INT64_MAX:
+        raise pickle.UnpicklingError(f"tensor metadata is not an int64 ({type(value).__name__})")
+    return int(value)
 
 
 def _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype, metadata=None):
@@ -175,8 +218,10 @@ def _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtyp
 
 
 def _rebuild_parameter(data, requires_grad=True, hooks=None, state=None):
-    if isinstance(data, TensorRef):
-        data.is_parameter, data.requires_grad = True, bool(requires_grad)
+    # Only ever a tensor: passing any other object through would hide it from `_prescan`.
+    if not isinstance(data, TensorRef):
+        raise pickle.UnpicklingError(f"parameter that is not a tensor (a {type(data).__name__})")
+    data.is_parameter, data.requires_grad = True, bool(requires_grad)
     return data
 
 
@@ -184,17 +229,60 @@ def _rebuild_from_type(func, new_type, args, state):
     return func(*args)
 
 
-class _StorageType:
+class _StorageType(_Record):
+    __slots__ = ("name", "dtype")
+
     def __init__(self, name: str):
-        self.dtype = STORAGE_DTYPES[name][0]
+        object.__setattr__(self, "name", name)
+        object.__setattr__(self, "dtype", STORAGE_DTYPES[name][0])
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __reduce__(self):
+        return (_StorageType, (self.name,))
+
+
+class _Function(_Record):
+    """An allowlisted function, wrapped: BUILD on a bare function could rewrite its __defaults__."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn: Any):
+        object.__setattr__(self, "fn", fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __reduce__(self):
+        return (_Function, (self.fn,))
+
+    def __repr__(self) -> str:
+        return f"<allowlisted {self.fn.__name__}>"
 
 
 def _device(spec, index=None):
-    return TorchDevice(f"{spec}:{index}" if index is not None else str(spec))
+    # str() of a pickled value is not safe (a memo-shared list prints in 2**depth steps): insist on a str.
+    if not isinstance(spec, str) or not (index is None or isinstance(index, int) and 0 <= index <= INT64_MAX):
+        raise pickle.UnpicklingError("torch.device with a non-string type or a non-integer index")
+    return TorchDevice(f"{spec}:{index}" if index is not None else spec)
 
 
 def _size(dims=()):
-    return tuple(dims)
+    dims = tuple(dims)
+    if not all(isinstance(d, int) for d in dims):  # a torch.Size holds ints; anything else could hide a tuple DAG
+        raise pickle.UnpicklingError("torch.Size of something other than integers")
+    return dims
+
+
+def _slice(*args):
+    # Printing a slice prints its members: allow the ints and None a real slice holds, nothing else.
+    if not all(a is None or isinstance(a, int) for a in args):
+        raise pickle.UnpicklingError("slice of something other than integers")
+    return slice(*args)
 
 
 def _allowlist() -> dict[tuple[str, str], Any]:
@@ -203,16 +291,16 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         ("builtins", "set"): set,
         ("builtins", "frozenset"): frozenset,
         ("builtins", "complex"): complex,
-        ("builtins", "slice"): slice,
-        ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
-        ("torch._utils", "_rebuild_tensor_v3"): _rebuild_tensor_v3,
-        ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-        ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
-        ("torch._tensor", "_rebuild_from_type_v2"): _rebuild_from_type,
+        ("builtins", "slice"): _Function(_slice),
+        ("torch._utils", "_rebuild_tensor_v2"): _Function(_rebuild_tensor),
+        ("torch._utils", "_rebuild_tensor_v3"): _Function(_rebuild_tensor_v3),
+        ("torch._utils", "_rebuild_parameter"): _Function(_rebuild_parameter),
+        ("torch._utils", "_rebuild_parameter_with_state"): _Function(_rebuild_parameter),
+        ("torch._tensor", "_rebuild_from_type_v2"): _Function(_rebuild_from_type),
         ("torch", "Tensor"): object,  # only ever an argument of _rebuild_from_type_v2
         ("torch.nn.parameter", "Parameter"): object,
-        ("torch", "device"): _device,
-        ("torch", "Size"): _size,
+        ("torch", "device"): _Function(_device),
+        ("torch", "Size"): _Function(_size),
     }
     for name in STORAGE_DTYPES:
         table[("torch", name)] = _StorageType(name)
@@ -229,25 +317,268 @@ class _SafeUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.opaque = opaque
         self.refused: list[str] = []
+        self.budget = _HashBudget(data)
 
     def find_class(self, module: str, name: str) -> Any:
+        if module == "__builtin__":  # protocol 2 (torch.save) spells builtins the Python 2 way
+            module = "builtins"
         found = ALLOWED_GLOBALS.get((module, name))
+        if found in (set, frozenset, collections.OrderedDict):
+            return self.budget.wrap(found)
         if found is not None:
             return found
-        self.refused.append(f"{module}.{name}")
+        self.refused.append(_printable(f"{module}.{name}"))
         if self.opaque:
             return _opaque_class(f"{module}.{name}")
-        raise UnsafePickle("", [f"{module}.{name}"])
+        raise UnsafePickle("", [_printable(f"{module}.{name}")])
 
     def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):
-            raise pickle.UnpicklingError(f"unsupported persistent id {pid!r:.60}")
+        # Never repr()/str() pid parts: a memo-shared list prints in 2**depth steps. torch writes strs and ints.
+        if not (isinstance(pid, tuple) and len(pid) >= 5 and isinstance(pid[0], str) and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"unsupported persistent id (a {type(pid).__name__})")
         storage_type, key, location, numel = pid[1], pid[2], pid[3], pid[4]
         if not isinstance(storage_type, _StorageType):
             raise pickle.UnpicklingError("storage of an unknown type")
-        if not isinstance(numel, int) or numel < 0:
-            raise pickle.UnpicklingError("storage with a negative size")
-        return StorageRef(str(key), storage_type.dtype, str(location), numel)
+        if not isinstance(key, str) or not isinstance(location, str):
+            raise pickle.UnpicklingError("storage whose key or location is not a string")
+        if not isinstance(numel, int) or not 0 <= numel <= INT64_MAX:
+            raise pickle.UnpicklingError("storage with a negative or impossible size")
+        return StorageRef(key, storage_type.dtype, location, numel)
+
+
+def _printable(name: str, limit: int = 120) -> str:
+    """A pickle-supplied name made safe for one terminal line (no escape sequences), and short."""
+    text = "".join(c if c.isprintable() and c != "\\" else ascii(c)[1:-1] for c in name[:limit])
+    return text + ("..." if len(name) > limit else "")
+
+
+def _opcode_table() -> list:
+    """Per opcode byte: (action, arg size or variable-size kind, name, has mark, items popped below it, pushed)."""
+    actions = {"TUPLE": 1, "TUPLE1": 2, "TUPLE2": 3, "TUPLE3": 4, "GET": 5, "BINGET": 5, "LONG_BINGET": 5,
+               "PUT": 6, "BINPUT": 6, "LONG_BINPUT": 6, "MEMOIZE": 7, "DUP": 8, "MARK": 9, "STOP": 10,
+               "LONG1": 11, "LONG4": 11, "INT": 12, "LONG": 12, "GLOBAL": 13, "INST": 13, "BUILD": 14,
+               "SETITEM": 15, "SETITEMS": 16, "DICT": 16, "ADDITEMS": 17, "FROZENSET": 17}
+    table: list = [None] * 256
+    for op in pickletools.opcodes:
+        before = op.stack_before
+        has_mark = pickletools.markobject in before
+        below = before.index(pickletools.markobject) if has_mark else len(before)
+        size = op.arg.n if op.arg is not None else 0
+        table[ord(op.code)] = (actions.get(op.name, 0), size, op.name, has_mark, below, len(op.stack_after))
+    return table
+
+
+_OPCODES = _opcode_table()
+
+
+def _hash_budget(data: bytes) -> int:
+    # Legitimate pickles hash about one small key per few bytes; 4x the size (at least 10M steps) is ample.
+    return max(MAX_HASH_WORK, 4 * len(data))
+
+
+def _prescan(data: bytes, origin: str) -> None:
+    """Refuse, before unpickling, what would hang or crash the C unpickler itself, and numbers no checkpoint holds.
+
+    Hashing a tuple hashes its items, recursively and uncached: a tuple DAG built from memo references
+    (t1 = (t0, t0), t2 = (t1, t1), ...) takes 2**depth steps to hash, and a tuple nested 100k deep
+    overflows the C stack (a segfault). As a dict key or set member either one hangs or kills
+    pickle.loads (and torch.load) inside C, where no timeout can stop it. This walks the opcodes
+    (nothing is built), tracking how many nodes each tuple expands to and how deep it nests, and
+    refuses a tuple deeper than MAX_TUPLE_DEPTH, one larger than both MAX_TUPLE_NODES and the pickle,
+    and dict keys / set members whose hashing adds up to more than `_hash_budget`. It also refuses
+    integers wider than MAX_INT_BITS (they cannot be converted to float or printed), and what would make
+    the C unpickler allocate far more than the pickle holds: a memo index beyond the pickle's size (its
+    memo array is grown and zero-filled to the index: 16 GB for one 6-byte LONG_BINPUT) and an
+    argument length running past the end.
+    A damaged stream just ends the walk: the unpickler then reports the damage.
+    """
+    # Per stack item: 1 for anything but a tuple, (expanded nodes, nesting depth) for a tuple.
+    stack: list[Any] = []
+    marks: list[int] = []  # stack heights at each MARK
+    memo: dict[Any, Any] = {}
+    table, n, i = _OPCODES, len(data), 0
+    from_bytes = int.from_bytes
+    budget = _hash_budget(data)
+    largest = max(MAX_TUPLE_NODES, n)
+    try:
+        while i < n:
+            spec = table[data[i]]
+            if spec is None:
+                return
+            action, size, name, has_mark, below, pushed = spec
+            at = i + 1
+            if size >= 0:
+                i = at + size
+            elif size == -1:  # up to a newline (two lines for GLOBAL/INST)
+                i = data.index(b"\n", at) + 1
+                if action == 13:
+                    i = data.index(b"\n", i) + 1
+            elif size == -2:  # 1-byte length
+                at += 1
+                i = at + data[at - 1]
+            elif size in (-3, -4):  # 4-byte length
+                at += 4
+                i = at + from_bytes(data[at - 4:at], "little", signed=size == -3)
+            else:  # 8-byte length
+                at += 8
+                i = at + from_bytes(data[at - 8:at], "little")
+            if i > n or i < at:  # the C unpickler would allocate the declared length before noticing
+                raise UnreadableCheckpoint(f"{origin}: corrupt pickle (a {name} argument runs past the end; truncated?)")
+            if action == 0:
+                if has_mark:
+                    del stack[marks.pop():]
+                if below:
+                    if below > len(stack):
+                        return
+                    del stack[-below:]
+                if pushed == 1:
+                    stack.append(1)
+                elif pushed:
+                    stack.extend((1,) * pushed)
+                continue
+            if action <= 4:  # a tuple: its expanded size and depth
+                if action == 1:
+                    m = marks.pop()
+                else:
+                    m = len(stack) - (action - 1)
+                    if m < 0:
+                        return
+                items = stack[m:]
+                del stack[m:]
+                weight, depth = 1, 1
+                for item in items:
+                    if item.__class__ is tuple:
+                        weight += item[0]
+                        depth = max(depth, item[1] + 1)
+                    else:
+                        weight += 1
+                if depth > MAX_TUPLE_DEPTH or weight > largest:
+                    raise UnreadableCheckpoint(
+                        f"{origin}: pickle holds a tuple nested {depth} deep that expands to {weight:,} nodes "
+                        "(a memo bomb: hashing it would hang or crash the unpickler); not a checkpoint")
+                stack.append((weight, depth) if weight > 1 or depth > 1 else 1)
+            elif action <= 6:
+                key = (data[at] if size == 1 else from_bytes(data[at:i], "little") if size == 4
+                       else int(data[at:i - 1]))
+                if action == 5:
+                    stack.append(memo.get(key, 1))
+                else:
+                    if not 0 <= key <= n:  # the C unpickler grows (and zero-fills) its memo array to the index
+                        raise UnreadableCheckpoint(f"{origin}: corrupt pickle (memo index {key} in a pickle of {n} bytes)")
+                    memo[key] = stack[-1]
+            elif action == 7:
+                memo[len(memo)] = stack[-1]
+            elif action == 8:
+                stack.append(stack[-1])
+            elif action == 9:
+                marks.append(len(stack))
+            elif action == 10:
+                return
+            elif action in (11, 12):
+                digits = i - at
+                if digits > (127 if action == 11 else 300):
+                    value = from_bytes(data[at:i], "little", signed=True) if action == 11 else int(data[at:i - 1].rstrip(b"L"))
+                    if value.bit_length() > MAX_INT_BITS:
+                        raise UnreadableCheckpoint(f"{origin}: pickle holds an integer of {value.bit_length()} bits; "
+                                                   "no checkpoint value is that wide")
+                stack.append(1)
+            elif action == 13:  # GLOBAL / INST
+                if name == "INST":
+                    del stack[marks.pop():]
+                stack.append(1)
+            elif action == 14:  # BUILD returns its instance: keep the instance's weight
+                stack.pop()
+            else:  # SETITEM(S) / DICT hash keys, ADDITEMS / FROZENSET hash members
+                if action == 15:
+                    hashed = stack[-2:-1]
+                    del stack[-2:]
+                else:
+                    m = marks.pop()
+                    hashed = stack[m::2] if action == 16 else stack[m:]
+                    del stack[m:]
+                    if name in ("ADDITEMS", "SETITEMS"):
+                        if not stack:
+                            return
+                        stack.pop()
+                    stack.append(1)
+                budget -= sum(item[0] if item.__class__ is tuple else 1 for item in hashed)
+                if budget < 0:
+                    raise UnreadableCheckpoint(
+                        f"{origin}: pickle makes the unpickler hash more than {_hash_budget(data):,} tuple nodes "
+                        "(a memo bomb); not a checkpoint")
+    except UnreadableCheckpoint:
+        raise
+    except Exception:  # a damaged stream (stack underflow, bad memo key, ...): the unpickler reports it
+        return
+
+
+class _HashBudget:
+    """What set()/frozenset()/OrderedDict() calls in one pickle may hash (their members are built at
+    run time, so `_prescan` cannot weigh them): each call is charged its members' expanded size."""
+
+    def __init__(self, data: bytes):
+        self.left = _hash_budget(data)
+
+    def charge(self, value: Any) -> None:
+        self.left -= _expanded_nodes(value)
+        if self.left < 0:
+            raise pickle.UnpicklingError("set/dict construction hashes more than the budget allows (a memo bomb)")
+
+    def wrap(self, cls: type) -> "_Function":
+        def build(*args: Any) -> Any:
+            for arg in args:
+                self.charge(arg)
+            return cls(*args)
+
+        build.__name__ = cls.__name__
+        return _Function(build)
+
+
+def _expanded_nodes(value: Any) -> int:
+    """How many nodes `value` has if every shared container is counted at each use (no recursion)."""
+    weights: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        node, done = stack.pop()
+        if not isinstance(node, (tuple, list, set, frozenset, dict)):
+            continue
+        key = id(node)
+        items = list(node.items()) if isinstance(node, dict) else node
+        if done:
+            weights[key] = 1 + sum(weights.get(id(c), 1) for c in items)
+        elif key not in weights:
+            weights[key] = 1  # in progress: a cycle counts once
+            stack.append((node, True))
+            stack.extend((c, False) for c in items)
+    return weights.get(id(value), 1)
+
+
+def _check_tree(tree: Any, origin: str) -> None:
+    """After unpickling: no dict may carry instance attributes that shadow its methods (BUILD on an
+    OrderedDict can set `values`/`items`/`get` to an allowlisted callable). Each container once."""
+    seen: set[int] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        if isinstance(node, dict):
+            seen.add(id(node))
+            attrs = getattr(node, "__dict__", None)
+            if attrs:
+                bad = [k for k in attrs if not isinstance(k, str) or hasattr(type(node), k)]
+                if bad:
+                    raise UnreadableCheckpoint(
+                        f"{origin}: pickle sets attributes that shadow dict methods ({_printable(str(bad[0]))}); "
+                        "not a checkpoint")
+                stack.extend(attrs.values())
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple, set, frozenset)):
+            seen.add(id(node))
+            stack.extend(node)
+        elif isinstance(node, OpaqueObject):
+            seen.add(id(node))
+            stack.extend((node.args, node.state, node.items))
 
 
 def globals_in_pickle(data: bytes) -> list[str]:
@@ -280,16 +611,21 @@ def load_pickle(data: bytes, origin: str, *, opaque: bool = False) -> Any:
     """Unpickle `data` with the allowlist. Raises UnsafePickle naming every global outside it."""
     if len(data) > MAX_PICKLE_BYTES:
         raise UnreadableCheckpoint(f"{origin}: pickle of {len(data)} bytes is implausibly large")
+    _prescan(data, origin)
     unpickler = _SafeUnpickler(data, opaque)
     try:
-        return unpickler.load()
+        tree = unpickler.load()
+        _check_tree(tree, origin)
+        return tree
     except UnsafePickle:
-        outside = [g for g in globals_in_pickle(data) if tuple(g.rsplit(".", 1)) not in ALLOWED_GLOBALS]
+        outside = [_printable(g) for g in globals_in_pickle(data) if tuple(g.rsplit(".", 1)) not in ALLOWED_GLOBALS]
         raise UnsafePickle(origin, outside or unpickler.refused) from None
+    except UnreadableCheckpoint:
+        raise
     except RecursionError:
         raise UnreadableCheckpoint(f"{origin}: pickle is nested too deeply to read") from None
     except MemoryError:
         raise UnreadableCheckpoint(f"{origin}: pickle needs more memory than is available") from None
     except Exception as exc:  # any damage to the opcode stream
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UnreadableCheckpoint(f"{origin}: corrupt pickle ({detail})") from None
+        raise UnreadableCheckpoint(f"{origin}: corrupt pickle ({_printable(detail, 200)})") from None

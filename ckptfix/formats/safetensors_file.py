@@ -35,21 +35,28 @@ def sniff(head: bytes) -> bool:
 
 def read_header(path: str) -> tuple[dict, dict, int]:
     """(tensors, __metadata__, data start) with every offset checked against the file."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        raw_len = f.read(8)
-        if len(raw_len) < 8:
-            raise UnreadableCheckpoint(f"{path}: safetensors file shorter than its 8-byte header length")
-        (n,) = struct.unpack("<Q", raw_len)
-        if n > MAX_HEADER or 8 + n > size:
-            raise UnreadableCheckpoint(f"{path}: safetensors header length {n} exceeds the file ({size} bytes)")
-        raw = f.read(n)
+    from ckptfix.formats import open_regular
+
+    try:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            raw_len = f.read(8)
+            if len(raw_len) < 8:
+                raise UnreadableCheckpoint(f"{path}: safetensors file shorter than its 8-byte header length")
+            (n,) = struct.unpack("<Q", raw_len)
+            if n > MAX_HEADER or 8 + n > size:
+                raise UnreadableCheckpoint(f"{path}: safetensors header length {n} exceeds the file ({size} bytes)")
+            raw = f.read(n)
+    except OSError as exc:
+        raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
     try:
         header = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise UnreadableCheckpoint(f"{path}: safetensors header is not UTF-8") from None
     except json.JSONDecodeError as exc:
         raise UnreadableCheckpoint(f"{path}: safetensors header is not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
+        raise UnreadableCheckpoint(f"{path}: safetensors header is not valid JSON ({type(exc).__name__})") from None
     if not isinstance(header, dict):
         raise UnreadableCheckpoint(f"{path}: safetensors header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
@@ -62,29 +69,30 @@ def _check_layout(path: str, header: dict, data_len: int) -> None:
     spans = []
     for name, entry in header.items():
         if not isinstance(entry, dict) or not {"dtype", "shape", "data_offsets"} <= entry.keys():
-            raise UnreadableCheckpoint(f"{path}: safetensors entry {name!r} lacks dtype/shape/data_offsets")
-        if entry["dtype"] not in DTYPES:
-            raise UnreadableCheckpoint(f"{path}: tensor {name!r} has unknown dtype {entry['dtype']!r}")
+            raise UnreadableCheckpoint(f"{path}: safetensors entry {name!r:.80} lacks dtype/shape/data_offsets")
+        if not isinstance(entry["dtype"], str) or entry["dtype"] not in DTYPES:
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has unknown dtype {entry['dtype']!r:.40}")
         shape, offsets = entry["shape"], entry["data_offsets"]
-        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
-            raise UnreadableCheckpoint(f"{path}: tensor {name!r} has an invalid shape {shape!r}")
+        if not (isinstance(shape, list) and len(shape) <= 64
+                and all(isinstance(d, int) and 0 <= d < 1 << 63 for d in shape)):
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has an invalid shape {shape!r:.80}")
         if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
-            raise UnreadableCheckpoint(f"{path}: tensor {name!r} has invalid data_offsets {offsets!r}")
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has invalid data_offsets {offsets!r:.80}")
         begin, end = offsets
         if not 0 <= begin <= end <= data_len:
-            raise UnreadableCheckpoint(f"{path}: tensor {name!r} data_offsets {offsets} lie outside the data ({data_len} bytes)")
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} data_offsets {offsets} lie outside the data ({data_len} bytes)")
         numel = 1
         for d in shape:
             numel *= d
         from ckptfix.formats.pickle_safe import DTYPE_SIZES
 
         if end - begin != numel * DTYPE_SIZES[DTYPES[entry["dtype"]]]:
-            raise UnreadableCheckpoint(f"{path}: tensor {name!r} has {end - begin} bytes for shape {shape} {entry['dtype']}")
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has {end - begin} bytes for shape {shape} {entry['dtype']}")
         spans.append((begin, end, name))
     spans.sort()
     for (b1, e1, n1), (b2, e2, n2) in zip(spans, spans[1:]):
         if b2 < e1:
-            raise UnreadableCheckpoint(f"{path}: tensors {n1!r} and {n2!r} overlap in the data section")
+            raise UnreadableCheckpoint(f"{path}: tensors {n1!r:.80} and {n2!r:.80} overlap in the data section")
 
 
 def tensors(path: str, prefix_id: str = "") -> tuple[dict[str, TensorInfo], dict]:

@@ -51,6 +51,8 @@ class TorchArchive:
 
     def _data_start(self, info: zipfile.ZipInfo) -> int:
         mapped = file_map(self.path)
+        if not 0 <= info.header_offset < self.size:  # a lying central directory (negative would wrap around)
+            raise UnreadableCheckpoint(f"{self.path}: zip entry {info.filename!r} points outside the file")
         header = mapped[info.header_offset:info.header_offset + _LOCAL_HEADER.size]
         if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
             raise UnreadableCheckpoint(f"{self.path}: bad zip local header for {info.filename}")
@@ -99,30 +101,45 @@ def open_archive(path: str) -> TorchArchive:
     try:
         with zipfile.ZipFile(path) as zf:
             infos = zf.infolist()
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error) as exc:
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error, NotImplementedError, OverflowError) as exc:
+        # NotImplementedError: a damaged "version needed to extract" field ("zip file version 6.4")
         raise UnreadableCheckpoint(f"{path}: not a readable zip archive ({exc}); truncated or corrupt?") from None
     names = [i.filename for i in infos]
     pkl = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
+    # torch.jit.save archives hold a data.pkl too (of __torch__ classes): tell them apart first.
+    if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
+        raise UnreadableCheckpoint(
+            f"{path}: a TorchScript archive (torch.jit.save), not a checkpoint; torch.load(weights_only=True) "
+            "refuses it too. Load it with torch.jit.load if you trust it.")
     if not pkl:
-        if any(n.endswith("/constants.pkl") or "/code/" in n for n in names):
-            raise UnreadableCheckpoint(
-                f"{path}: a TorchScript archive (torch.jit.save), not a checkpoint; torch.load(weights_only=True) "
-                "refuses it too. Load it with torch.jit.load if you trust it.")
         raise UnreadableCheckpoint(f"{path}: zip archive without data.pkl: not a torch.save checkpoint")
+    if len(pkl) > 1:
+        # Zip readers disagree on which copy wins: what ckptfix inspects might not be what torch.load runs.
+        raise UnreadableCheckpoint(f"{path}: the archive holds {len(pkl)} data.pkl members "
+                                   f"({', '.join(repr(n) for n in pkl[:3])}); refusing an ambiguous checkpoint")
     prefix = pkl[0].split("/", 1)[0]
+    outside = [n for n in names if not n.startswith(prefix + "/")]
+    if outside:  # torch.load refuses these too ("file in archive is not in a subdirectory")
+        raise UnreadableCheckpoint(f"{path}: zip member {outside[0][:120]!r} lies outside the archive folder "
+                                   f"{prefix!r}; torch.load refuses such a file")
     members: dict[str, zipfile.ZipInfo] = {}
     duplicates = []
     for info in infos:
         if info.filename in members:
             duplicates.append(info.filename)
-        members[info.filename] = info  # like torch, the last one of a duplicated name wins
+        members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
     return TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
 
 
 def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, TorchArchive | None]:
     """Unpickle a torch file with the allowlist: the tree, how to find each storage, the archive."""
-    with open(path, "rb") as f:
-        head = f.read(16)
+    from ckptfix.formats import open_regular
+
+    try:
+        with open_regular(path) as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
     kind = sniff(head)
     if kind == "torch-zip":
         archive = open_archive(path)
@@ -140,21 +157,27 @@ def _load_legacy(path: str, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
         data = f.read()
     try:
         stream = _PickleStream(data)
-        if stream.next(path) != LEGACY_MAGIC:
+        # opaque too: with --trust-pickle an arbitrary pickle is then "not a torch.save file", not "refused"
+        if stream.next(path, opaque=opaque) != LEGACY_MAGIC:
             raise UnreadableCheckpoint(f"{path}: a pickle, but not a torch.save file (no torch magic number)")
         stream.next(path)  # protocol version
         stream.next(path)  # sys info
         tree = stream.next(path, opaque=opaque)
         keys = stream.next(path)
+        if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+            raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint (storage keys are not a list of names)")
+        storages = {ref.storage.key: ref.storage for ref in common.iter_tensor_refs(tree)}
         ranges, pos = {}, stream.pos
         for key in keys:
             (numel,) = struct.unpack_from("<q", data, pos)
-            storage = _legacy_storage(tree, str(key))
+            if numel < 0:
+                raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint (storage {key} has a negative size)")
+            storage = storages.get(key)
             itemsize = storage.nbytes // storage.numel if storage and storage.numel else 1
-            ranges[str(key)] = ByteRange(path, pos + 8, numel * itemsize)
+            ranges[key] = ByteRange(path, pos + 8, numel * itemsize)
             pos += 8 + numel * itemsize
-        if pos > len(data):
-            raise UnreadableCheckpoint(f"{path}: legacy checkpoint is truncated")
+            if pos > len(data):
+                raise UnreadableCheckpoint(f"{path}: legacy checkpoint is truncated")
         return tree, ranges
     except (struct.error, TypeError) as exc:
         raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint ({exc})") from None
@@ -195,7 +218,7 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     tree, locate_for, archive = load(path, opaque=trust_pickle)
     ckpt = common.checkpoint_from_tree(path, "torch", tree, locate_for)
     if archive is not None and archive.duplicates:
-        ckpt.notes.append(f"duplicate zip member names (the last one wins in torch.load): {', '.join(archive.duplicates[:5])}")
+        ckpt.notes.append(f"duplicate zip member names (torch.load may read either copy): {', '.join(archive.duplicates[:5])}")
     ckpt.handle = archive
     return ckpt
 

@@ -2,18 +2,26 @@
 
 Unchanged storages are copied byte for byte from the source archive (with their CRC); storages
 the repair replaced are produced one at a time while their record is written, so peak memory is
-one resized tensor, not the checkpoint. The pickle is written with torch's own rebuild functions
-as globals, exactly the ones `torch.load(weights_only=True)` accepts.
+one resized tensor, not the checkpoint; a storage whose first bytes are the source's (rows added at
+the end, or trailing rows dropped) is a `Spliced` record: those bytes are copied raw, only the new
+rows are produced. The pickle names torch's own rebuild functions as globals, exactly the ones
+`torch.load(weights_only=True)` accepts, but is written without importing torch (byte for byte
+what pickling the real torch objects gives): a repair that produces no tensor with torch never
+pays torch's import time or its ~150 MB of memory.
 """
 
 from __future__ import annotations
 
 import collections
 import io
+import os
 import pickle
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable
+
+import numpy as np
 
 from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.errors import RepairError
@@ -32,13 +40,59 @@ class StorageSource:
 
     copy_from: Callable[[], ByteRange] | None = None
     crc: int | None = None
-    produce: Callable[[], Any] | None = None  # returns a contiguous CPU torch tensor
+    # returns a contiguous CPU torch tensor, a numpy array (raw element bits), or a `Spliced` record
+    produce: Callable[[], Any] | None = None
 
 
-class _Pickler(pickle.Pickler):
-    def __init__(self, buf: BinaryIO, torch: Any):
+@dataclass
+class Spliced:
+    """A produced storage that starts with `prefix` bytes of the source, copied raw, then `tail`."""
+
+    prefix: ByteRange
+    tail: Any  # bytes-like or numpy array: the bytes after the prefix (e.g. the new rows)
+    prefix_crc: int | None = None  # CRC-32 of the prefix, when known (the whole source record's)
+
+
+class _Global:
+    """A module-level name (torch._utils._rebuild_tensor_v2, torch.FloatStorage, torch.float32): written
+    as a GLOBAL opcode by name, so writing a checkpoint never imports torch."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # the pickler insists a reduce function be callable
+        raise TypeError(f"{self.module}.{self.name} is only a name to pickle")
+
+
+_GLOBALS: dict[tuple[str, str], _Global] = {}
+
+
+def _global(module: str, name: str) -> _Global:
+    # One object per name, like the real ones: the pickler memoizes it and refers back (BINGET).
+    found = _GLOBALS.get((module, name))
+    if found is None:
+        found = _GLOBALS[(module, name)] = _Global(module, name)
+    return found
+
+
+class _Reduce:
+    """An object pickled as `func(*args)` (a torch.device: `torch.device('cuda', 0)`)."""
+
+    __slots__ = ("func", "args")
+
+    def __init__(self, func: _Global, args: tuple):
+        self.func, self.args = func, args
+
+
+class _Pickler(pickle._Pickler):
+    """The pure-Python pickler (it lets us write GLOBALs by name); protocol 2, like torch.save."""
+
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def __init__(self, buf: BinaryIO):
         super().__init__(buf, protocol=2)
-        self.torch = torch
         self.storages: dict[str, StorageRef] = {}
 
     def persistent_id(self, obj: Any) -> Any:
@@ -47,21 +101,29 @@ class _Pickler(pickle.Pickler):
             cls = _STORAGE_CLASS.get(obj.dtype)
             if cls is None:
                 raise RepairError(f"cannot write storage {obj.key} of dtype {obj.dtype}")
-            return ("storage", getattr(self.torch, cls), obj.key, obj.location, obj.numel)
+            return ("storage", _global("torch", cls), obj.key, obj.location, obj.numel)
         return None
 
     def reducer_override(self, obj: Any) -> Any:
-        torch = self.torch
         if isinstance(obj, TensorRef) and obj.is_parameter:
-            return torch._utils._rebuild_parameter, (_Plain(obj), obj.requires_grad, collections.OrderedDict())
+            return (_global("torch._utils", "_rebuild_parameter"),
+                    (_Plain(obj), obj.requires_grad, collections.OrderedDict()))
         if isinstance(obj, (TensorRef, _Plain)):
             t = obj.ref if isinstance(obj, _Plain) else obj
-            return (torch._utils._rebuild_tensor_v2,
+            return (_global("torch._utils", "_rebuild_tensor_v2"),
                     (t.storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict()))
+        if isinstance(obj, _Reduce):
+            return obj.func, obj.args
         if isinstance(obj, OpaqueObject):
             raise RepairError(f"the checkpoint holds an object of class {obj.cls} that ckptfix read as an inert "
                               "record; it cannot be written back")
         return NotImplemented
+
+    def _save_named_global(self, obj: _Global) -> None:
+        self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))
+        self.memoize(obj)
+
+    dispatch[_Global] = _save_named_global
 
 
 @dataclass
@@ -78,9 +140,7 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
     directory), so `finish(tree)` can add values known only after the bytes are written (e.g. the
     source's sha256, hashed on another thread meanwhile). It must not add tensors.
     """
-    import torch
-
-    storages = _pickle(tree, torch)[1]
+    storages = _pickle(tree)[1]
     zw = ZipWriter(out)
     members = {".format_version": b"1", ".storage_alignment": b"64", "byteorder": b"little"}
     members.update(extra_members or {})
@@ -88,7 +148,11 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
         zw.write_bytes(f"{prefix}/{name}", members.pop(name))
     for key, storage in storages.items():
         _write_storage(zw, f"{prefix}/data/{key}", storage, source_for(storage))
-    data, final_storages = _pickle(finish(tree) if finish else tree, torch)
+    flush = _Flush(out)  # the records go to disk while `finish` waits (e.g. for the source's hash)
+    try:
+        data, final_storages = _pickle(finish(tree) if finish else tree)
+    finally:
+        flush.wait()
     if final_storages.keys() != storages.keys():
         raise RepairError("internal: finishing the checkpoint changed its tensors")
     zw.write_bytes(f"{prefix}/data.pkl", data)
@@ -98,19 +162,60 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
     zw.close()
 
 
-def _pickle(tree: Any, torch: Any) -> tuple[memoryview, dict[str, StorageRef]]:
+class _Flush:
+    """fdatasync() of what is written so far, on a thread: the caller's final fsync then has only the
+    last few kilobytes left to write. An I/O error is raised by `wait()` (the kernel reports a writeback
+    error to each file descriptor once, so it must not be lost here)."""
+
+    def __init__(self, out: BinaryIO):
+        self.error: BaseException | None = None
+        self.thread = None
+        try:
+            out.flush()
+            fd = out.fileno()
+        except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+            return  # not a file (e.g. BytesIO): nothing to flush
+        self.thread = threading.Thread(target=self._run, args=(fd,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fd: int) -> None:
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            if exc.errno not in (22, 95):  # EINVAL/EOPNOTSUPP: a pipe or a special file, not an error
+                self.error = exc
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+def _pickle(tree: Any) -> tuple[memoryview, dict[str, StorageRef]]:
     buf = io.BytesIO()
-    pickler = _Pickler(buf, torch)
-    pickler.dump(_with_torch_values(tree, torch, {}))
+    pickler = _Pickler(buf)
+    pickler.dump(_with_torch_values(tree, {}))
     return buf.getbuffer(), pickler.storages
 
 
-def _with_torch_values(node: Any, torch: Any, memo: dict[int, Any]) -> Any:
-    """Swap our dtype/device stand-ins for torch's own objects; containers keep their sharing."""
+def _device_args(spec: str) -> tuple:
+    """`torch.device(spec).__reduce__()`'s arguments: ('cpu',), ('cuda', 0)."""
+    kind, sep, index = spec.partition(":")
+    if not sep:
+        return (kind,)
+    if not index.isdigit():
+        raise RepairError(f"cannot write the device {spec!r}")
+    return (kind, int(index))
+
+
+def _with_torch_values(node: Any, memo: dict[int, Any]) -> Any:
+    """Swap our dtype/device stand-ins for what torch's own objects pickle as (a GLOBAL `torch.float32`,
+    `torch.device(*args)`); containers keep their sharing."""
     if isinstance(node, TorchDtype):
-        return getattr(torch, node.name)
+        return _global("torch", node.name)
     if isinstance(node, TorchDevice):
-        return torch.device(node.spec)
+        return _Reduce(_global("torch", "device"), _device_args(node.spec))
     if not isinstance(node, (dict, list, tuple, set, frozenset)):
         return node
     if id(node) in memo:
@@ -119,13 +224,13 @@ def _with_torch_values(node: Any, torch: Any, memo: dict[int, Any]) -> Any:
         out = type(node)() if type(node) in (dict, collections.OrderedDict) else dict()
         memo[id(node)] = out
         for k, v in node.items():
-            out[k] = _with_torch_values(v, torch, memo)
+            out[k] = _with_torch_values(v, memo)
         return out
     if isinstance(node, list):  # a list may contain itself: register it before filling it
         out = memo[id(node)] = []
-        out.extend(_with_torch_values(v, torch, memo) for v in node)
+        out.extend(_with_torch_values(v, memo) for v in node)
         return out
-    items = [_with_torch_values(v, torch, memo) for v in node]
+    items = [_with_torch_values(v, memo) for v in node]
     out = type(node)(items)
     memo[id(node)] = out
     return out
@@ -135,8 +240,11 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
     if source is None:
         raise RepairError(f"no data for storage {storage.key}")
     if source.produce is not None:
-        tensor = source.produce().contiguous()
-        data = _tensor_bytes(tensor)
+        produced = source.produce()
+        if isinstance(produced, Spliced):
+            _write_spliced(zw, name, storage, produced)
+            return
+        data = _tensor_bytes(produced)
         if len(data) != storage.nbytes:
             raise RepairError(f"storage {storage.key}: produced {len(data)} bytes, expected {storage.nbytes}")
         zw.write_bytes(name, data)
@@ -151,6 +259,17 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
         zw.copy_range(name, src, where.start, storage.nbytes, crc)
 
 
+def _write_spliced(zw: ZipWriter, name: str, storage: StorageRef, spliced: Spliced) -> None:
+    """The source's bytes copied raw (kernel side), then the produced tail; the CRC-32 continues from
+    the prefix's (known for a whole source record, else computed from the mapped file)."""
+    where, tail = spliced.prefix, _tensor_bytes(spliced.tail)
+    if where.length + len(tail) != storage.nbytes:
+        raise RepairError(f"storage {storage.key}: produced {where.length + len(tail)} bytes, expected {storage.nbytes}")
+    crc = spliced.prefix_crc if spliced.prefix_crc is not None else _crc_of(where, where.length)
+    with open(where.file, "rb") as src:
+        zw.copy_range(name, src, where.start, where.length, zlib.crc32(tail, crc), tail=tail)
+
+
 def _crc_of(where: ByteRange, length: int) -> int:
     mapped = file_map(where.file)
     crc = 0
@@ -160,9 +279,14 @@ def _crc_of(where: ByteRange, length: int) -> int:
 
 
 def _tensor_bytes(tensor: Any) -> memoryview:
+    """The raw bytes of a torch tensor (made contiguous), a numpy array or a bytes-like object."""
+    if isinstance(tensor, np.ndarray):
+        return memoryview(np.ascontiguousarray(tensor).reshape(-1).view(np.uint8))
+    if isinstance(tensor, (bytes, bytearray, memoryview)):
+        return memoryview(tensor).cast("B")
     import torch
 
-    flat = tensor.reshape(-1)
+    flat = tensor.contiguous().reshape(-1)
     if flat.dtype in (torch.bfloat16,) or str(flat.dtype).startswith("torch.float8"):
         flat = flat.view(torch.uint8 if flat.element_size() == 1 else torch.int16)
     return memoryview(flat.numpy()).cast("B")

@@ -53,9 +53,10 @@ class ZipWriter:
         self._local_header(name.encode(), len(data), zlib.crc32(data))
         self.f.write(data)
 
-    def copy_range(self, name: str, src: BinaryIO, start: int, size: int, crc: int) -> None:
-        """Copy `size` bytes of an open source file from `start`, with their already known CRC."""
-        self._local_header(name.encode(), size, crc)
+    def copy_range(self, name: str, src: BinaryIO, start: int, size: int, crc: int, tail: bytes | memoryview = b"") -> None:
+        """Copy `size` bytes of an open source file from `start`, then write `tail` (e.g. rows added to a
+        copied tensor), as one member whose CRC-32 (of all its bytes) is already known."""
+        self._local_header(name.encode(), size + len(tail), crc)
         self.f.flush()
         out_fd, in_fd, done = self.f.fileno(), src.fileno(), 0
         pos = self.f.tell()
@@ -65,6 +66,8 @@ class ZipWriter:
                 raise OSError(f"short copy from the source at byte {start + done}")
             done += n
         self.f.seek(pos + size)
+        if len(tail):
+            self.f.write(tail)
 
     def close(self) -> None:
         cd_start = self.f.tell()

@@ -72,6 +72,10 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     from ckptfix.tokenizers import load_tokenizer
 
     source = os.fspath(checkpoint)
+    # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
+    # so it runs while the checkpoint and tokenizer are read and planned, and then during the copy.
+    writes = not dry_run and out is not None and (force or not os.path.lexists(os.fspath(out)))
+    hasher = BackgroundHash(source) if writes else None
     ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
     tok = load_tokenizer(tokenizer)
     old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
@@ -89,11 +93,11 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     if plan.is_noop():
         return RepairResult(plan, None, False, build_record(plan, None),
                             notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
-    hasher = BackgroundHash(source)
     writer = _writer_for(ckpt.format)
-    import torch
+    hasher = hasher or BackgroundHash(source)
+    from ckptfix.surgery.rows import LazyGenerator
 
-    generator = torch.Generator().manual_seed(seed)
+    generator = LazyGenerator(seed)  # torch is imported only if a new row is sampled
     backup = writer(plan, out, lambda: build_record(plan, hasher.result()), generator=generator,
                     in_place=in_place, progress=progress)
     return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)

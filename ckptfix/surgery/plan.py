@@ -11,11 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfix.checkpoint import Checkpoint, TensorInfo
+import numpy as np
+
+from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo
 from ckptfix.checks import Finding
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.errors import RepairError
-from ckptfix.surgery.rows import RowPlan, apply_plan, moment_fill, new_row_values, plan_by_id, plan_by_token
+from ckptfix.formats.pickle_safe import DTYPE_SIZES
+from ckptfix.surgery.rows import (RowPlan, apply_plan, column_mean_f32, moment_fill, new_row_values, plan_by_id,
+                                  plan_by_token, second_moment_key)
 from ckptfix.vocab import padded_size
 
 POLICIES = ("remap", "fresh", "reset")
@@ -52,6 +56,47 @@ class TensorEdit:
             fill = new_row_values(old, self.plan.new, init, std, generator)
         out = apply_plan(old, self.plan, fill).contiguous()
         return out.reshape(self.new_shape) if transposed else out
+
+    def output(self, init: str, std: float, generator: Any) -> Any:
+        """What a torch-archive writer stores: `stream()` where it applies, else `produce()`."""
+        return self.stream(init, std, generator) or self.produce(init, std, generator)
+
+    def stream(self, init: str, std: float, generator: Any) -> Any:
+        """The rewritten tensor as a `torch_save.Spliced` record: the source's leading rows copied raw and
+        only the new rows computed, when the plan keeps rows 0..k-1 in place (rows added at the end or
+        trailing rows dropped, the common case) and the source is a contiguous view. Values are those
+        `produce` gives; new rows that need no sampling (zeros, a float32 moment's column mean) are
+        computed without torch. None when the rows must be gathered: use `produce`."""
+        from ckptfix.formats.torch_save import Spliced
+
+        src, keep = self.source, self.plan.prefix_rows()
+        itemsize = DTYPE_SIZES.get(src.dtype)
+        if (keep is None or keep == 0 or itemsize is None or not src.shape or src.shape[0] != self.plan.old_rows
+                or (self.role == "head-bias" and len(src.shape) == 2)
+                or (src.stride is not None and tuple(src.stride) != src.contiguous_stride())):
+            return None
+        where = src.locate()
+        start = where.start + src.offset * itemsize
+        if src.offset < 0 or start + src.nbytes > where.start + where.length:
+            return None  # a damaged record: `produce` reports it
+        row_bytes = src.nbytes // src.shape[0]
+        tail = self._new_rows(self.plan.new_rows - keep, init, std, generator)
+        return Spliced(ByteRange(where.file, start, keep * row_bytes), tail)
+
+    def _new_rows(self, count: int, init: str, std: float, generator: Any) -> Any:
+        src, width = self.source, self.source.shape[1:]
+        if count == 0 or (self.moment_key is None and init == "zeros") or (
+                self.moment_key is not None and not second_moment_key(self.moment_key)):
+            n = DTYPE_SIZES[src.dtype] * count
+            for d in width:
+                n *= d
+            return bytes(n)  # zero bits: +0.0 in every float dtype, as new_zeros gives
+        if self.moment_key is not None and src.dtype == "float32":
+            return np.broadcast_to(column_mean_f32(src.read()), (count, *width))  # as moment_fill computes it
+        old = src.to_torch()
+        if self.moment_key is not None:
+            return moment_fill(old, self.moment_key).expand(count, *width)
+        return new_row_values(old, count, init, std, generator)
 
     def to_json(self) -> dict[str, Any]:
         return {"tensor": self.name, "role": self.role, "old_shape": list(self.source.shape),

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ckptfix.formats.common import iter_tensor_refs
 from ckptfix.formats.pickle_safe import StorageRef, TensorRef
-from ckptfix.formats.torch_save import StorageSource
+from ckptfix.formats.torch_save import Spliced, StorageSource
 from ckptfix.surgery.plan import DEFAULT_SCALE, RepairPlan, TensorEdit
 
 
@@ -32,9 +32,20 @@ class StorageTable:
         for d in shape:
             numel *= d
         storage = StorageRef(key, old.dtype, old.storage.location, numel)
-        self.new[key] = StorageSource(produce=lambda: self.produce(edit))
+        self.new[key] = StorageSource(produce=lambda: self._produced(edit, old))
         stride = tuple(_contiguous_stride(shape))
         return TensorRef(storage, 0, tuple(shape), stride, old.dtype, old.requires_grad, old.is_parameter)
+
+    def _produced(self, edit: TensorEdit, old: TensorRef) -> Any:
+        out = self.produce(edit)
+        if isinstance(out, Spliced) and out.prefix_crc is None and self.archive is not None:
+            # The copied prefix is the whole source record: its CRC-32 is in the central directory.
+            info = self.archive.members.get(f"{self.archive.prefix}/data/{old.storage.key}")
+            where = self.locate_for(old.storage)()
+            if info is not None and (out.prefix.file, out.prefix.start, out.prefix.length) == (
+                    where.file, where.start, where.length) and info.file_size == where.length:
+                out.prefix_crc = info.CRC
+        return out
 
     def source_for(self, storage: StorageRef) -> StorageSource:
         if storage.key in self.new:

@@ -107,7 +107,7 @@ def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, gene
 
 def _rewrite_torch(src: str, f: Any, plan: RepairPlan, generator: Any, edit: Callable) -> None:
     tree, locate_for, archive = torch_file.load(src)
-    table = StorageTable(tree, locate_for, archive, lambda e: e.produce(plan.init, plan.std, generator))
+    table = StorageTable(tree, locate_for, archive, lambda e: e.output(plan.init, plan.std, generator))
     prefix = archive.prefix if archive is not None else "archive"
     torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix)
 

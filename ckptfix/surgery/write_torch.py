@@ -59,7 +59,7 @@ def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], d
 
     source = plan.ckpt.path
     tree, locate_for, archive = torch_file.load(source)
-    produce = lambda edit: edit.produce(plan.init, plan.std, generator)  # noqa: E731
+    produce = lambda edit: edit.output(plan.init, plan.std, generator)  # noqa: E731
     table = StorageTable(tree, locate_for, archive, produce)
     bare = plan.ckpt.sections.get("model") == ""
     new_tree = edited_tree(plan, tree, table)

@@ -1,0 +1,272 @@
+"""`diff`: what changed between two checkpoints, and whether training is moving the weights at all.
+
+Any two supported formats can be compared (a `.pth` against a DCP folder, say). Tensors are matched
+by name; same-shaped pairs are compared one pair at a time, in bounded chunks read lazily from the
+files (`TensorInfo.read()` maps them; nothing is loaded whole), so neither checkpoint is ever held in
+memory. "Trainable" means the tensors the optimizer keeps state for, or, when neither checkpoint
+has per-parameter optimizer state, every floating-point parameter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+
+from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.errors import CkptfixError
+from ckptfix.formats import read_checkpoint
+from ckptfix.mapping import map_optimizer
+
+SCHEMA = "ckptfix.diff/1"
+CHUNK_ELEMENTS = 1 << 20  # values per side per chunk: a few float64 temporaries of 8 MiB each
+STEP_KEYS = ("step", "global_step", "global_steps", "iteration", "iter")
+Progress = Callable[[Iterable, int, str], Iterable]
+
+
+@dataclass
+class TensorDiff:
+    """One tensor name across the two checkpoints."""
+
+    name: str
+    status: str  # added | removed | reshaped | changed | unchanged | unreadable
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    max_abs: float | None = None  # max |b - a|
+    rel_change: float | None = None  # ||b - a|| / ||a||
+    trainable: bool = False
+    detail: str = ""  # why a tensor could not be compared
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "trainable": self.trainable,
+                "shape_a": _list(self.shape_a), "shape_b": _list(self.shape_b),
+                "dtype_a": self.dtype_a, "dtype_b": self.dtype_b,
+                "max_abs": _number(self.max_abs), "rel_change": _number(self.rel_change), "detail": self.detail}
+
+
+@dataclass
+class Side:
+    path: str
+    format: str
+    step: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "format": self.format, "step": self.step}
+
+
+@dataclass
+class DiffReport:
+    """What `ckptfix diff` found. `to_json()` is the documented `--json` schema (ckptfix.diff/1)."""
+
+    a: Side
+    b: Side
+    tensors: list[TensorDiff]
+    atol: float = 0.0
+    trainable_from: str = "optimizer state"  # or "float parameters"
+    notes: list[str] = field(default_factory=list)
+
+    def with_status(self, *statuses: str) -> list[TensorDiff]:
+        return [t for t in self.tensors if t.status in statuses]
+
+    @property
+    def trainable_compared(self) -> list[TensorDiff]:
+        return [t for t in self.tensors if t.trainable and t.status in ("changed", "unchanged")]
+
+    @property
+    def trainable_changed(self) -> list[TensorDiff]:
+        return [t for t in self.trainable_compared if t.status == "changed"]
+
+    @property
+    def moving(self) -> bool:
+        return bool(self.trainable_changed)
+
+    @property
+    def exit_code(self) -> int:
+        """0 when weights move; 1 when nothing trainable changed (a finding, like inspect's errors)."""
+        return 0 if self.moving else 1
+
+    @property
+    def summary_line(self) -> str:
+        return (f"{len(self.trainable_changed)} of {len(self.trainable_compared)} trainable tensors changed "
+                f"between {_step(self.a.step)} and {_step(self.b.step)}")
+
+    @property
+    def verdict(self) -> str:
+        changed, compared = len(self.trainable_changed), len(self.trainable_compared)
+        if not compared:
+            return "no trainable tensor present in both checkpoints: nothing to compare"
+        if not changed:
+            return "no trainable tensor changed: training is not updating weights"
+        if changed < compared:
+            return (f"weights are moving, but {compared - changed} trainable tensor(s) did not change "
+                    "(frozen by mistake, lr 0 in their group, or no gradient reaching them?)")
+        return "weights are moving: every trainable tensor changed"
+
+    def to_json(self) -> dict[str, Any]:
+        counts = {s: len(self.with_status(s)) for s in ("changed", "unchanged", "added", "removed", "reshaped", "unreadable")}
+        return {
+            "schema": SCHEMA,
+            "a": self.a.to_json(),
+            "b": self.b.to_json(),
+            "atol": self.atol,
+            "summary": {**counts, "trainable": len(self.trainable_compared),
+                        "trainable_changed": len(self.trainable_changed), "trainable_from": self.trainable_from},
+            "summary_line": self.summary_line,
+            "moving": self.moving,
+            "verdict": self.verdict,
+            "tensors": [t.to_json() for t in self.tensors],
+            "notes": self.notes,
+        }
+
+
+def diff(a: str | os.PathLike, b: str | os.PathLike, *, atol: float = 0.0, progress: Progress | None = None,
+         trust_pickle: bool = False) -> DiffReport:
+    """Compare checkpoint `a` (earlier) with `b` (later), in any supported formats."""
+    if atol < 0 or not math.isfinite(atol):
+        raise CkptfixError(f"atol must be a finite number >= 0, got {atol}")
+    ca = read_checkpoint(a, trust_pickle=trust_pickle)
+    cb = read_checkpoint(b, trust_pickle=trust_pickle)
+    return diff_checkpoints(ca, cb, atol=atol, progress=progress)
+
+
+def diff_checkpoints(ca: Checkpoint, cb: Checkpoint, *, atol: float = 0.0,
+                     progress: Progress | None = None) -> DiffReport:
+    """`diff` on two already-read checkpoints."""
+    trainable, source = _trainable(ca, cb)
+    report = DiffReport(Side(ca.path, ca.format, checkpoint_step(ca)), Side(cb.path, cb.format, checkpoint_step(cb)),
+                        [], atol, source)
+    pairs = []
+    for name, ta in ca.model.items():
+        tb = cb.model.get(name)
+        entry = TensorDiff(name, "removed", ta.shape, None, ta.dtype, None, trainable=name in trainable)
+        if tb is not None:
+            entry.shape_b, entry.dtype_b = tb.shape, tb.dtype
+            entry.status = "reshaped" if (ta.shape, ta.dtype) != (tb.shape, tb.dtype) else "pending"
+            if entry.status == "pending":
+                pairs.append((ta, tb, entry))
+        report.tensors.append(entry)
+    for name, tb in cb.model.items():
+        if name not in ca.model:
+            report.tensors.append(TensorDiff(name, "added", None, tb.shape, None, tb.dtype, trainable=name in trainable))
+    items = progress([p[0] for p in pairs], sum(p[0].nbytes for p in pairs), "diff") if progress else [p[0] for p in pairs]
+    by_tensor = {id(p[0]): p for p in pairs}
+    for ta in items:
+        _, tb, entry = by_tensor[id(ta)]
+        compare(ta, tb, entry, atol)
+    report.notes.extend(_notes(report, ca, cb))
+    return report
+
+
+def compare(ta: TensorInfo, tb: TensorInfo, entry: TensorDiff, atol: float) -> None:
+    """Fill `entry` with max-abs and relative change of one same-shaped pair, chunk by chunk."""
+    max_abs, diff_sq, base_sq = 0.0, 0.0, 0.0
+    numeric = not ta.dtype.startswith("float8")  # float8 arrive as raw codes: equality only
+    try:
+        for xa, xb in zip(_chunks(ta), _chunks(tb)):
+            with np.errstate(invalid="ignore", over="ignore"):
+                same = (xa == xb) | (np.isnan(xa) & np.isnan(xb))
+                delta = np.nan_to_num(np.where(same, 0.0, np.abs(xa - xb)), nan=np.inf)  # NaN on one side only
+                max_abs = max(max_abs, float(delta.max(initial=0.0)))
+                diff_sq += float(np.sum(np.square(delta)))
+                base_sq += float(np.sum(np.square(np.abs(np.nan_to_num(xa, nan=0.0, posinf=0.0, neginf=0.0)))))
+    except CkptfixError as exc:
+        entry.status, entry.detail = "unreadable", str(exc)
+        return
+    entry.status = "changed" if max_abs > atol else "unchanged"
+    if numeric:
+        entry.max_abs = max_abs
+        entry.rel_change = math.sqrt(diff_sq) / math.sqrt(base_sq) if base_sq > 0 else (0.0 if diff_sq == 0 else math.inf)
+
+
+def _chunks(t: TensorInfo) -> Iterator[np.ndarray]:
+    """The values of `t` as float64 (complex stays complex), at most CHUNK_ELEMENTS at a time."""
+    raw = _raw(t)
+    if raw.flags.c_contiguous:  # the common case: a flat view, no copy
+        flat = raw.reshape(-1)
+        for i in range(0, flat.size, CHUNK_ELEMENTS):
+            yield _widen(t, flat[i:i + CHUNK_ELEMENTS])
+        return
+    row = max(1, int(np.prod(raw.shape[1:])))  # a strided view: slice whole rows, copy only the slice
+    step = max(1, CHUNK_ELEMENTS // row)
+    for i in range(0, raw.shape[0], step):
+        yield _widen(t, raw[i:i + step]).reshape(-1)
+
+
+def _raw(t: TensorInfo) -> np.ndarray:
+    """A view of the stored values; bfloat16 as its uint16 bits so widening happens per chunk, not whole."""
+    if t.dtype == "bfloat16":
+        return dataclasses.replace(t, dtype="uint16").read()
+    return np.asarray(t.read())
+
+
+def _widen(t: TensorInfo, chunk: np.ndarray) -> np.ndarray:
+    if t.dtype == "bfloat16":
+        chunk = (chunk.astype(np.uint32) << 16).view(np.float32)
+    return chunk.astype(np.complex128 if np.iscomplexobj(chunk) else np.float64)
+
+
+def _trainable(ca: Checkpoint, cb: Checkpoint) -> tuple[set[str], str]:
+    """Names with optimizer state in either checkpoint; else every float parameter."""
+    names: set[str] = set()
+    for ckpt in (ca, cb):
+        if ckpt.optimizer is None:
+            continue
+        mapping = map_optimizer(ckpt)
+        names.update(mapping.names[i] for i, ps in ckpt.optimizer.state.items()
+                     if i in mapping.names and (ps.tensors or ps.step is not None))
+    if names:
+        return names, "optimizer state"
+    return set(ca.parameters()) | set(cb.parameters()), "float parameters"
+
+
+def checkpoint_step(ckpt: Checkpoint) -> float | None:
+    """The training step: the optimizer's, else a saved step counter, else trainer_state's global_step."""
+    if ckpt.optimizer is not None:
+        steps = [ps.step for ps in ckpt.optimizer.state.values() if ps.step is not None]
+        if steps:
+            return max(steps)
+    for key in STEP_KEYS:
+        value = ckpt.extras.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    state = ckpt.extras.get("trainer_state")
+    if isinstance(state, dict) and isinstance(state.get("global_step"), (int, float)):
+        return float(state["global_step"])
+    return None
+
+
+def _notes(report: DiffReport, ca: Checkpoint, cb: Checkpoint) -> list[str]:
+    notes = []
+    if report.trainable_from == "float parameters":
+        why = "no optimizer saved" if ca.optimizer is None and cb.optimizer is None else \
+            "the optimizer holds no per-parameter state (every parameter frozen, or a stateless optimizer)"
+        notes.append(f"trainable = every float parameter: {why}")
+    a, b = report.a.step, report.b.step
+    if a is not None and b is not None and a == b:
+        notes.append(f"both checkpoints are at {_step(a)}")
+    elif a is not None and b is not None and b < a:
+        notes.append(f"B ({_step(b)}) is older than A ({_step(a)})")
+    unreadable = report.with_status("unreadable")
+    if unreadable:
+        notes.append(f"{len(unreadable)} tensor(s) could not be compared, e.g. {unreadable[0].detail}")
+    return notes + [f"A: {n}" for n in ca.notes] + [f"B: {n}" for n in cb.notes]
+
+
+def _step(step: float | None) -> str:
+    return "an unknown step" if step is None else f"step {step:g}"
+
+
+def _list(shape: tuple[int, ...] | None) -> list[int] | None:
+    return list(shape) if shape is not None else None
+
+
+def _number(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value
+    return "nan" if value != value else str(value)

@@ -1,0 +1,308 @@
+"""DeepSpeed checkpoint folders (`engine.save_checkpoint`), ZeRO stages 0-3, read-only.
+
+Layout measured on DeepSpeed 0.19.8 (CPU, one process):
+
+    <dir>/latest                                   the tag, e.g. "global_step3"
+    <dir>/global_step3/mp_rank_00_model_states.pt  stages 0-2 ("zero_pp_rank_<dp>_mp_rank_00_..." for stage 3)
+    <dir>/global_step3/[bf16_]zero_pp_rank_<dp>_mp_rank_00_optim_states.pt   stages 1-3, one per data-parallel rank
+
+The model-states file holds `module` (the state dict; under ZeRO-3 every parameter is an empty
+placeholder), `param_shapes` (one OrderedDict name -> shape per param group), `buffer_names`,
+`lr_scheduler`, `global_steps`, `ds_config`, ...; at stage 0 also `optimizer` (a plain
+`Optimizer.state_dict()`). An optim-states file holds `optimizer_state_dict` with the rank's flat fp32
+partition per group (`single_partition_of_fp32_groups` at stages 1/2, `fp32_flat_groups` at 3), the
+base optimizer's state over those flat partitions (`base_optimizer_state` at 1/2,
+`optimizer_state_dict` at 3), `param_slice_mappings` (name -> fragment_address(numel, start), 1/2),
+`zero_stage` and `partition_count`.
+
+Those pickles name four DeepSpeed classes (`DEEPSPEED_GLOBALS`); they are read as inert opaque
+records (nothing is imported) and interpreted by name. Any other class outside the weights
+allowlist is still refused unless `trust_pickle`.
+
+With one data-parallel partition, each parameter's moments (and, at ZeRO-3, its fp32 weights) are
+exact views into the flat partitions, so they read like any other format. With several partitions a
+parameter is spread over files: shapes, groups and flat sizes are reported, per-parameter values are
+not, and a full repair needs DeepSpeed's own universal-checkpoint conversion (`repair_unsupported`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any, Mapping
+
+from ckptfix.checkpoint import Checkpoint, OptimizerState, ParamGroup, ParamState, TensorInfo, read_scalar
+from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
+from ckptfix.formats import common, torch_file
+from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef
+
+DEEPSPEED_GLOBALS = frozenset({
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler",
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler",
+    "deepspeed.runtime.zero.config.ZeroStageEnum",
+    "deepspeed.utils.tensor_fragment.fragment_address",
+})
+_MODEL_STATES = re.compile(r"^(zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+_OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+# Keys of the model-states file that become model/optimizer/scheduler; the rest go to extras verbatim.
+_USED = ("module", "optimizer", "lr_scheduler")
+
+
+def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
+    """Read the tag `latest` names (or the newest `global_step*`, or `path` itself if it is a tag folder)."""
+    tag_dir = resolve_tag(path)
+    model_files = _rank_files(tag_dir, _MODEL_STATES)
+    if not model_files:
+        raise UnreadableCheckpoint(f"{path}: no DeepSpeed *model_states.pt file in {tag_dir}")
+    model_file = model_files[0]
+    tree, locate_for = _load(model_file, trust_pickle)
+    if not isinstance(tree, Mapping):
+        raise UnreadableCheckpoint(f"{model_file}: holds a {type(tree).__name__}, not DeepSpeed model states")
+    ckpt = Checkpoint(path=path, format="deepspeed", raw=tree)
+    ckpt.files["model"] = model_file
+    ckpt.sections["model"] = f"{os.path.basename(model_file)}: module"
+    module = tree.get("module")
+    ckpt.model = common.model_tensors(module, locate_for) if isinstance(module, Mapping) else {}
+    if isinstance(tree.get("lr_scheduler"), Mapping):
+        ckpt.scheduler = dict(tree["lr_scheduler"])
+        ckpt.sections["scheduler"] = "lr_scheduler"
+    ckpt.extras = {k: v for k, v in tree.items() if k not in _USED}
+    optim_files = _rank_files(tag_dir, _OPTIM_STATES)
+    if optim_files:
+        _zero_optimizer(ckpt, tree, optim_files, trust_pickle)
+    elif common.is_optimizer_state(tree.get("optimizer")):  # stage 0: a plain Optimizer.state_dict()
+        ckpt.optimizer = common.parse_optimizer(tree["optimizer"], locate_for, model_file)
+        ckpt.sections["optimizer"] = "optimizer"
+    elif isinstance(tree.get("optimizer"), Mapping) and common.is_optimizer_state(tree["optimizer"].get("optimizer_state_dict")):
+        ckpt.optimizer = common.parse_optimizer(tree["optimizer"]["optimizer_state_dict"], locate_for, model_file)
+        ckpt.sections["optimizer"] = "optimizer.optimizer_state_dict"  # FP16_Optimizer wraps it
+    if not ckpt.model and ckpt.optimizer is None:
+        raise UnreadableCheckpoint(f"{model_file}: no module weights and no optimizer state")
+    return ckpt
+
+
+def repair_unsupported(path: str) -> str:
+    """Why `ckptfix repair` does not rewrite a DeepSpeed checkpoint, and what to run instead."""
+    try:
+        tag_dir = resolve_tag(path)
+    except UnreadableCheckpoint:
+        tag_dir = os.path.join(path, "global_stepN")
+    return (f"{path}: DeepSpeed ZeRO checkpoint: ckptfix inspects it but cannot repair it, because parameters and "
+            "optimizer moments are flattened and partitioned across ranks. A full repair needs DeepSpeed's own "
+            f"universal-checkpoint tool: python -m deepspeed.checkpoint.ds_to_universal --input_folder {tag_dir} "
+            f"--output_folder {tag_dir.rstrip(os.sep)}_universal, then resume with \"load_universal_checkpoint\": true "
+            "(for weights alone, zero_to_fp32.py in the checkpoint folder writes a consolidated state dict).")
+
+
+def resolve_tag(path: str) -> str:
+    """The folder holding the *_states.pt files: `latest`'s tag, else the newest global_step*, else `path`."""
+    latest = os.path.join(path, "latest")
+    if os.path.isfile(latest):
+        with open(latest, encoding="utf-8", errors="replace") as f:
+            tag = f.read(4096).strip()
+        tag_dir = os.path.join(path, tag)
+        if not tag or not os.path.isdir(tag_dir):
+            raise UnreadableCheckpoint(f"{latest}: names tag {tag!r}, but there is no such folder")
+        return tag_dir
+    steps = [d for d in glob.glob(os.path.join(path, "global_step*")) if os.path.isdir(d)]
+    if steps:
+        return max(steps, key=lambda d: int(re.sub(r"\D", "", os.path.basename(d)) or 0))
+    return path
+
+
+def _rank_files(tag_dir: str, pattern: re.Pattern) -> list[str]:
+    """Files matching `pattern` for model-parallel rank 0, ordered by data-parallel rank."""
+    found = []
+    for name in os.listdir(tag_dir):
+        m = pattern.match(name)
+        if m and int(m.group(3)) == 0:
+            found.append((int(m.group(2) or 0), os.path.join(tag_dir, name)))
+    return [f for _, f in sorted(found)]
+
+
+def _load(file: str, trust_pickle: bool) -> tuple[Any, common.Locator]:
+    """The allowlist unpickler; DeepSpeed's own inert records (and only those) are read as opaque data."""
+    try:
+        tree, locate_for, _ = torch_file.load(file, opaque=trust_pickle)
+    except UnsafePickle as exc:
+        unknown = [g for g in exc.globals_needed if g not in DEEPSPEED_GLOBALS]
+        if unknown:
+            raise UnsafePickle(file, unknown) from None
+        tree, locate_for, _ = torch_file.load(file, opaque=True)  # opaque mode imports and runs nothing
+    return tree, locate_for
+
+
+# --- ZeRO optimizer partitions --------------------------------------------------------------------
+
+def _zero_optimizer(ckpt: Checkpoint, model_tree: Mapping, files: list[str], trust_pickle: bool) -> None:
+    parts = [_partition(f, trust_pickle) for f in files]
+    ckpt.files["optimizer"] = files[0]
+    first = parts[0]
+    names = _param_names(model_tree)
+    stage = first["stage"]
+    single = len(parts) == 1 and all(c == 1 for c in first["partition_count"])
+    groups, state = [], {}
+    for g, flat in enumerate(first["flat"]):
+        options = dict(first["groups"][g]) if g < len(first["groups"]) else {}
+        options.pop("params", None)
+        group_names = list(names[g]) if g < len(names) else []
+        groups.append(ParamGroup(params=group_names, options=options))
+        flat_state = first["state"].get(g, {})
+        if single:
+            offsets = _offsets(first["slices"][g] if g < len(first["slices"]) else None, names[g] if g < len(names) else {})
+            state.update(_views(flat_state, offsets, names[g], first, ckpt.files["optimizer"]))
+            if stage == 3:
+                ckpt.model.update(_master_weights(flat, offsets, names[g], first["locate_for"]))
+    kind_probe = {g: ParamState(tensors={k: v for k, v in s.items() if isinstance(v, TensorRef)})
+                  for g, s in first["state"].items() if isinstance(s, Mapping)}
+    ckpt.optimizer = OptimizerState(kind=common.infer_kind(kind_probe, groups), groups=groups, state=state)
+    ckpt.sections["optimizer"] = os.path.basename(files[0]) + ": optimizer_state_dict"
+    ckpt.extras["deepspeed"] = {
+        "zero_stage": stage,
+        "partition_count": first["partition_count"],
+        "loss_scaler": first["loss_scaler"],
+        "partitions": [{"file": os.path.basename(p["file"]), "flat_numel": [t.numel for t in p["flat"]],
+                        "state_keys": sorted({k for s in p["state"].values() if isinstance(s, Mapping) for k in s})}
+                       for p in parts],
+    }
+    sizes = ", ".join(f"{t.numel}" for t in first["flat"])
+    ckpt.notes.append(f"ZeRO stage {stage}: optimizer state in {len(parts)} partition file(s), flat fp32 group "
+                      f"size(s) [{sizes}] per partition")
+    if stage == 3 and single:
+        ckpt.notes.append("ZeRO-3: model weights are the fp32 master partitions (module holds empty placeholders)")
+    if not single:
+        ckpt.notes.append(f"parameters are split over {len(parts)} data-parallel partitions: per-parameter moments "
+                          "are not reconstructed; use DeepSpeed's ds_to_universal.py for a per-parameter view")
+        if stage == 3:
+            _placeholders(ckpt, names)
+
+
+def _partition(file: str, trust_pickle: bool) -> dict[str, Any]:
+    """One rank's optim-states file, normalised across stages (and across bf16/ZeRO writers)."""
+    tree, locate_for = _load(file, trust_pickle)
+    osd = tree.get("optimizer_state_dict") if isinstance(tree, Mapping) else None
+    if not isinstance(osd, Mapping):
+        raise UnreadableCheckpoint(f"{file}: no optimizer_state_dict; not a DeepSpeed optim-states file")
+    flat = osd.get("single_partition_of_fp32_groups") or osd.get("fp32_flat_groups") or osd.get("fp32_groups") or []
+    if not all(isinstance(t, TensorRef) for t in flat):
+        raise UnreadableCheckpoint(f"{file}: flat fp32 groups are not tensors")
+    base = osd.get("base_optimizer_state", osd.get("optimizer_state_dict"))
+    if isinstance(base, list):  # elastic checkpoints: one state dict per group, no param_groups
+        state, groups = dict(enumerate(base)), []
+    elif isinstance(base, Mapping):
+        state, groups = dict(base.get("state") or {}), list(base.get("param_groups") or [])
+    else:
+        raise UnreadableCheckpoint(f"{file}: no base optimizer state")
+    count = osd.get("partition_count")
+    return {
+        "file": file, "flat": list(flat), "state": state, "groups": groups, "locate_for": locate_for,
+        "stage": _stage(osd.get("zero_stage")),
+        "loss_scaler": _loss_scaler(osd.get("loss_scaler")),
+        "partition_count": [int(c) for c in count] if isinstance(count, list) else [int(count or 1)] * len(flat),
+        "slices": [_fragments(m) for m in osd.get("param_slice_mappings") or []],
+    }
+
+
+def _stage(value: Any) -> int | None:
+    if isinstance(value, OpaqueObject) and value.args:  # ZeroStageEnum(2)
+        value = value.args[0]
+    return int(value) if isinstance(value, int) else None
+
+
+def _loss_scaler(value: Any) -> dict | None:
+    """DeepSpeed's (Dynamic)LossScaler record: its fields (cur_scale, dynamic, ...), as saved."""
+    if isinstance(value, OpaqueObject) and isinstance(value.state, Mapping):
+        return {"class": value.cls.rsplit(".", 1)[-1], **{str(k): v for k, v in value.state.items()}}
+    return None
+
+
+def _fragments(mapping: Any) -> dict[str, tuple[int, int]]:
+    """param_slice_mappings[g]: name -> (numel, start) from opaque fragment_address records."""
+    out = {}
+    for name, frag in (mapping or {}).items():
+        state = frag.state if isinstance(frag, OpaqueObject) else None
+        if isinstance(state, Mapping) and {"numel", "start"} <= state.keys():
+            out[str(name)] = (int(state["numel"]), int(state["start"]))
+    return out
+
+
+def _param_names(tree: Mapping) -> list[Mapping[str, tuple]]:
+    shapes = tree.get("param_shapes")
+    if isinstance(shapes, Mapping):  # very old checkpoints: one dict for all groups
+        shapes = [shapes]
+    return [dict(g) for g in shapes or [] if isinstance(g, Mapping)]
+
+
+def _offsets(slices: dict[str, tuple[int, int]] | None, shapes: Mapping[str, tuple]) -> dict[str, int]:
+    """Where each parameter starts in its group's flat partition (one partition: params back to back)."""
+    if slices:
+        return {name: start for name, (_, start) in slices.items()}
+    out, pos = {}, 0
+    for name, shape in shapes.items():
+        out[name] = pos
+        pos += _numel(shape)
+    return out
+
+
+def _numel(shape: Any) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _view(name: str, flat: TensorRef, start: int, shape: tuple, locate_for: common.Locator) -> TensorInfo | None:
+    """`shape` elements of a flat partition from `start`, as a tensor; None if they do not fit."""
+    shape = tuple(int(d) for d in shape)
+    if start < 0 or start + _numel(shape) > flat.numel:
+        return None
+    info = TensorInfo(name=name, shape=shape, dtype=flat.dtype, locate=locate_for(flat.storage),
+                      storage_id=flat.storage.key, offset=flat.offset + start, ref=flat)
+    info.stride = info.contiguous_stride()
+    return info
+
+
+def _views(flat_state: Mapping, offsets: dict[str, int], shapes: Mapping[str, tuple], part: dict,
+           origin: str) -> dict[str, ParamState]:
+    """Per-parameter moments (exact views into the flat moments), keyed by FQN like DCP."""
+    step = flat_state.get("step") if isinstance(flat_state, Mapping) else None
+    step_value = None
+    if isinstance(step, TensorRef):
+        step_value = read_scalar(common.tensor_from_ref("step", step, part["locate_for"]))
+    elif isinstance(step, (int, float)):
+        step_value = float(step)
+    out = {}
+    for name, shape in shapes.items():
+        ps = ParamState(step=step_value)
+        for key, flat in (flat_state or {}).items():
+            if isinstance(flat, TensorRef) and key != "step":
+                view = _view(f"{key} of {name}", flat, offsets.get(name, -1), shape, part["locate_for"])
+                if view is None:
+                    raise UnreadableCheckpoint(f"{origin}: {key} of {name} lies outside its flat partition")
+                ps.tensors[key] = view
+        out[name] = ps
+    return out
+
+
+def _master_weights(flat: TensorRef, offsets: dict[str, int], shapes: Mapping[str, tuple],
+                    locate_for: common.Locator) -> dict[str, TensorInfo]:
+    """ZeRO-3, one partition: the fp32 weights of each parameter, as views into fp32_flat_groups."""
+    out = {}
+    for name, shape in shapes.items():
+        view = _view(name, flat, offsets.get(name, -1), shape, locate_for)
+        if view is not None:
+            view.is_parameter = True
+            out[name] = view
+    return out
+
+
+def _placeholders(ckpt: Checkpoint, names: list[Mapping[str, tuple]]) -> None:
+    """ZeRO-3 over several ranks: names and shapes from param_shapes; values need DeepSpeed."""
+    def refuse() -> Any:
+        raise UnreadableCheckpoint("ZeRO-3 parameter partitioned across ranks; consolidate it with zero_to_fp32.py")
+
+    for group in names:
+        for name, shape in group.items():
+            ckpt.model[name] = TensorInfo(name=name, shape=tuple(int(d) for d in shape), dtype="float32",
+                                          locate=refuse, storage_id=f"zero3:{name}", is_parameter=True)
