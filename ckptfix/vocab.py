@@ -90,15 +90,40 @@ def _drop_non_vocab_heads(found: dict[str, VocabTensor]) -> None:
 def _attach_moments(ckpt: Checkpoint, mapping: ParamMapping, found: dict[str, VocabTensor]) -> None:
     if ckpt.optimizer is None:
         return
+    unmatched = []
     for vt in found.values():
-        owner = vt.tied_to or vt.name
-        index = mapping.index_of(owner)
+        index = mapping.index_of(vt.tied_to or vt.name)
         if index is None:
+            if vt.tied_to is None:
+                unmatched.append(vt)
             continue
-        vt.optimizer_index = index
-        ps = ckpt.optimizer.state.get(index)
-        if ps is not None:
-            vt.moments = {k: t for k, t in ps.tensors.items() if t.shape and len(t.shape) == len(vt.shape)}
+        _attach(ckpt, vt, index)
+    _attach_by_shape(ckpt, mapping, unmatched)
+
+
+def _attach(ckpt: Checkpoint, vt: VocabTensor, index) -> None:
+    vt.optimizer_index = index
+    ps = ckpt.optimizer.state.get(index)
+    if ps is not None:
+        vt.moments = {k: t for k, t in ps.tensors.items() if t.shape and len(t.shape) == len(vt.shape)}
+
+
+def _attach_by_shape(ckpt: Checkpoint, mapping: ParamMapping, unmatched: list[VocabTensor]) -> None:
+    """An untied embedding and head share their shape, so names cannot be recovered by shape when the
+    parameter order is lost (safetensors stores tensors by name). They do share a row plan, so pairing
+    k same-shape vocab tensors with the k unmapped same-shape state entries is enough for the surgery:
+    every one of those moments follows the same row moves whichever tensor it belongs to."""
+    from ckptfix.mapping import moment_shape
+
+    free = [i for i in ckpt.optimizer.indices() if i not in mapping.names]
+    groups: dict[tuple, list[VocabTensor]] = {}
+    for vt in unmatched:
+        groups.setdefault(vt.shape, []).append(vt)
+    for shape, tensors in groups.items():
+        candidates = [i for i in free if moment_shape(ckpt.optimizer.state.get(i)) == shape]
+        if len(candidates) == len(tensors):
+            for vt, index in zip(tensors, candidates):
+                _attach(ckpt, vt, index)
 
 
 def tied_head_missing(ckpt: Checkpoint) -> bool:

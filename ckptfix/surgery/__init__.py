@@ -93,7 +93,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     if plan.is_noop():
         return RepairResult(plan, None, False, build_record(plan, None),
                             notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
-    writer = _writer_for(ckpt.format)
+    writer = _writer_for(ckpt.format, ckpt.path)
     hasher = hasher or BackgroundHash(source)
     from ckptfix.surgery.rows import LazyGenerator
 
@@ -103,7 +103,13 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
 
 
-def _writer_for(fmt: str):
+def _writer_for(fmt: str, path: str | None = None):
+    if fmt == "deepspeed":  # ZeRO partitions need DeepSpeed's own universal-checkpoint conversion
+        from ckptfix.formats.deepspeed_folder import repair_unsupported
+
+        raise RepairError(repair_unsupported(path) if path is not None else
+                          "repair does not support DeepSpeed checkpoints; convert them with DeepSpeed's "
+                          "universal-checkpoint tool (python -m deepspeed.checkpoint.ds_to_universal)")
     if fmt in ("torch", "lightning"):
         from ckptfix.surgery.write_torch import write_torch_checkpoint
 
@@ -116,6 +122,14 @@ def _writer_for(fmt: str):
         from ckptfix.surgery.write_hf import write_hf_folder
 
         return write_hf_folder
+    if fmt == "dcp":
+        from ckptfix.surgery.write_dcp import write_dcp_folder
+
+        return write_dcp_folder
+    if fmt == "accelerate":
+        from ckptfix.surgery.write_accelerate import write_accelerate_folder
+
+        return write_accelerate_folder
     raise RepairError(f"repair does not support the {fmt} format yet; inspect it, or convert it to a .pth first")
 
 

@@ -1,0 +1,64 @@
+"""Write a repaired `accelerate.Accelerator.save_state` folder: a new folder with the same files.
+
+The weights file of model 0 (`model.safetensors` or `pytorch_model.bin`) is rewritten (streamed) when
+a tensor in it is edited; `optimizer.bin` (a `torch.save` zip of optimizer 0) when moments are remapped
+or state is dropped; `scaler.pt` when the scale is reset. Under policy reset `scheduler.bin` is left
+out. Every other file (further models/optimizers/schedulers, `random_states_*.pkl`, sampler and custom
+state, sub-folders) is copied as bytes, never unpickled. The record goes to `ckptfix.json`.
+
+Measured on accelerate 1.15: `load_state` loads one `scheduler{,_i}.bin` per *prepared* scheduler and
+fails (FileNotFoundError) when it is missing, while files nobody registered are ignored; so after a
+reset repair the scheduler must be prepared after `load_state` (a fresh schedule then starts from the
+groups' `initial_lr`, as in a new run). The record's notes say so.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Callable
+
+from ckptfix.io import atomic_folder, backup_path
+from ckptfix.surgery.plan import RepairPlan
+from ckptfix.surgery.torch_tree import edit_model, edit_optimizer, edit_scaler
+from ckptfix.surgery.write_hf import _rewrite_torch, _write_safetensors
+
+
+def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, generator: Any,
+                            in_place: bool, progress: Any = None) -> str | None:
+    from ckptfix.surgery import record_json
+
+    ckpt, source = plan.ckpt, plan.ckpt.path
+    part = {os.path.basename(f): p for p, f in ckpt.files.items() if p in ("model", "optimizer", "scheduler", "scaler")}
+    if plan.reset_scheduler and "scheduler" in ckpt.files:
+        plan.notes.append(f"{os.path.basename(ckpt.files['scheduler'])} removed (policy reset): prepare the "
+                          "scheduler after accelerator.load_state, which otherwise looks for its file")
+    backup = backup_path(out) if in_place and os.path.exists(out) else None
+    with atomic_folder(out, backup=in_place) as tmp:
+        for name in sorted(os.listdir(source)):
+            src, dst = os.path.join(source, name), os.path.join(tmp, name)
+            role = part.get(name)
+            if name == "ckptfix.json":
+                continue  # a previous repair's record: replaced below
+            if os.path.isdir(src):
+                shutil.copytree(src, dst, symlinks=True)
+            elif role == "model" and plan.weights:
+                with open(dst, "wb") as f:
+                    if name.endswith(".safetensors"):
+                        _write_safetensors(plan, src, f, generator)
+                    else:
+                        _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_model(tree, plan, table))
+            elif role == "optimizer" and (plan.moments or plan.drop_optimizer_state or plan.reset_scheduler):
+                with open(dst, "wb") as f:
+                    _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_optimizer(tree, plan, table))
+            elif role == "scheduler" and plan.reset_scheduler:
+                continue
+            elif role == "scaler" and plan.reset_scaler:
+                with open(dst, "wb") as f:
+                    _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_scaler(tree, plan))
+            else:
+                shutil.copy2(src, dst)  # RNG states, samplers, further models: bytes, never unpickled
+        with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
+            f.write(record_json(record_fn()))
+    return backup
+
