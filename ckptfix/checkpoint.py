@@ -228,6 +228,9 @@ class Checkpoint:
     raw: Any = None  # the format's own tree (the unpickled dict for torch files), for writers
     files: dict[str, str] = field(default_factory=dict)  # component -> file, for folder formats
     handle: Any = None  # the format's open source (e.g. the zip member table), for verify and writers
+    # False when `model` is not in the model's registration order (safetensors stores tensors sorted by
+    # name), so optimizer indices cannot be matched to parameters by position.
+    ordered: bool = True
 
     @property
     def total_bytes(self) -> int:

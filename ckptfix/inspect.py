@@ -157,11 +157,20 @@ def scaler_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
     return out
 
 
-def plain(value: Any, depth: int = 0) -> Any:
-    """A JSON-safe summary of a checkpoint value (tensors become shape/dtype descriptions)."""
-    if isinstance(value, TensorInfo):
-        return {"tensor": list(value.shape), "dtype": value.dtype}
-    if isinstance(value, TensorRef):
+def plain(value: Any) -> Any:
+    """A JSON-safe summary of a checkpoint value (tensors become shape/dtype descriptions).
+
+    Bounded: at most `PLAIN_BUDGET` nodes per value, so a memo-shared pickle DAG (which a naive walk
+    expands exponentially) summarises in linear time."""
+    return _plain(value, 0, [PLAIN_BUDGET])
+
+
+PLAIN_BUDGET = 2000
+
+
+def _plain(value: Any, depth: int, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if isinstance(value, (TensorInfo, TensorRef)):
         return {"tensor": list(value.shape), "dtype": value.dtype}
     if isinstance(value, (TorchDtype, TorchDevice)):
         return repr(value)
@@ -173,19 +182,18 @@ def plain(value: Any, depth: int = 0) -> Any:
         return str(value)
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if depth > 3:
+    if depth > 3 or budget[0] <= 0:
         return f"<{type(value).__name__}>"
     if isinstance(value, dict):
         items = list(value.items())
-        out = {str(k): plain(v, depth + 1) for k, v in items[:50]}
+        out = {str(k): _plain(v, depth + 1, budget) for k, v in items[:50]}
         if len(items) > 50:
             out["..."] = f"{len(items) - 50} more"
         return out
     if isinstance(value, (list, tuple, set, frozenset)):
         seq = list(value)
-        out = [plain(v, depth + 1) for v in seq[:20]]
+        out = [_plain(v, depth + 1, budget) for v in seq[:20]]
         return out + [f"... {len(seq) - 20} more"] if len(seq) > 20 else out
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     return repr(value)[:80]
-

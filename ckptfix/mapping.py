@@ -3,7 +3,8 @@
 `torch.optim` saves state by integer index (the order of `optimizer.param_groups`), not by name.
 Names are recovered, best evidence first: names recorded by `ckptfix repair`; FQN keys (DCP);
 the model's own order when counts and shapes agree; the Hugging Face Trainer's two groups
-(weight decay / no decay); and last, shape alone where a shape is unique.
+(weight decay / no decay); and last, shape alone where a shape is unique. Position is never used
+for safetensors weights: they are stored sorted by name, not in registration order.
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def map_optimizer(ckpt: Checkpoint) -> ParamMapping:
     if indices and all(isinstance(i, str) for i in indices):
         return ParamMapping({i: i for i in indices if i in ckpt.model}, "fqn")
     params = ckpt.parameters()
+    if not ckpt.ordered:  # tensors sorted by name: position says nothing about optimizer indices
+        return ParamMapping(_by_unique_shape(ckpt, indices, params), "shape")
     if len(params) == len(indices) and _consistent(ckpt, list(zip(indices, params))):
         return ParamMapping(dict(zip(indices, params)), "position")
     grouped = _hf_groups(ckpt, params)

@@ -24,6 +24,15 @@ def _count(n: int) -> str:
     return str(n)
 
 
+# Names come from the checkpoint: control characters (terminal escape sequences, newlines that would
+# forge report lines) are shown escaped, never sent to the terminal.
+_CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x20)) + list(range(0x7F, 0xA0))}
+
+
+def _join(lines: list[str]) -> str:
+    return "\n".join(line.translate(_CONTROL) for line in lines)
+
+
 def _line(label: str, text: str) -> str:
     return f"{label:<{_WIDTH}}{text}"
 
@@ -47,7 +56,7 @@ def render_report(report: Report) -> str:
     lines.append(f"findings: {s['error']} error(s), {s['warning']} warning(s), {s['info']} info")
     for f in report.findings:
         lines.extend(render_finding(f.to_json()))
-    return "\n".join(lines)
+    return _join(lines)
 
 
 def render_finding(f: dict[str, Any]) -> list[str]:
@@ -142,7 +151,7 @@ def render_repair(result) -> str:
     if data["backup"]:
         lines.append(_line("backup", data["backup"]))
     lines.append(f"{verb} {data['output']}" if data["output"] else verb)
-    return "\n".join(lines)
+    return _join(lines)
 
 
 def render_diff(report: Any) -> str:
@@ -172,7 +181,7 @@ def render_diff(report: Any) -> str:
             lines.append(_line("reshaped", f"{t['name']} {t['shape_a']} {t['dtype_a']} -> {t['shape_b']} {t['dtype_b']}"))
     for note in data["notes"]:
         lines.append(_line("note", note))
-    return "\n".join(lines)
+    return _join(lines)
 
 
 def _side_step(side: dict) -> str:

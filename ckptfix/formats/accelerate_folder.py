@@ -34,6 +34,7 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     schedulers = _numbered(path, "scheduler{}.bin")
     if models:
         ckpt.model = _weights(models[0], trust_pickle)
+        ckpt.ordered = not models[0].endswith(".safetensors")
         ckpt.tied = common.find_tied(ckpt.model)
         _use(ckpt, "model", models[0])
     if optimizers:

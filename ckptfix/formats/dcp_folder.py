@@ -97,11 +97,13 @@ def _pick(tree: dict, keys: tuple[str, ...], accept: Callable[[Any], bool]) -> s
 def read_metadata(path: str) -> tuple[dict[str, Item], str | None]:
     """Every item the `.metadata` pickle describes, by FQN, and the DCP metadata version."""
     file = os.path.join(path, METADATA_FILE)
+    from ckptfix.formats import open_regular
+
     try:
-        with open(file, "rb") as f:
+        with open_regular(file) as f:
             data = f.read(MAX_ITEM_PICKLE + 1)
     except OSError as exc:
-        raise UnreadableCheckpoint(f"{file}: cannot open ({exc.strerror})") from None
+        raise UnreadableCheckpoint(f"{file}: cannot read ({exc.strerror})") from None
     if len(data) > MAX_ITEM_PICKLE:
         raise UnreadableCheckpoint(f"{file}: metadata larger than {MAX_ITEM_PICKLE} bytes; refusing to read it")
     root = load_pickle(data, file, opaque=True)

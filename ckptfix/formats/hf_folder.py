@@ -30,6 +30,7 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
         ckpt.model.update(_read_weights(file, trust_pickle))
         ckpt.files.setdefault("model", file)
     ckpt.sections["model"] = ", ".join(os.path.basename(f) for f in weights)
+    ckpt.ordered = not any(f.endswith(".safetensors") for f in weights)
     ckpt.tied = common.find_tied(ckpt.model)
     config = _json(path, "adapter_config.json" if kind == "peft-adapter" else "config.json")
     if config is not None:

@@ -109,7 +109,7 @@ def tensors(path: str, prefix_id: str = "") -> tuple[dict[str, TensorInfo], dict
 
 def read(path: str) -> Checkpoint:
     model, metadata = tensors(path)
-    ckpt = Checkpoint(path=path, format="safetensors", model=model, tied=find_tied(model))
+    ckpt = Checkpoint(path=path, format="safetensors", model=model, tied=find_tied(model), ordered=False)
     ckpt.sections["model"] = os.path.basename(path)
     if metadata:
         ckpt.extras["__metadata__"] = metadata

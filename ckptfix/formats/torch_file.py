@@ -20,6 +20,11 @@ from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
 from ckptfix.formats.pickle_safe import StorageRef, load_pickle
 
+try:
+    from lzma import LZMAError as _LZMAError
+except ImportError:  # pragma: no cover - Python built without lzma
+    _LZMAError = OSError
+
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
@@ -84,7 +89,8 @@ class TorchArchive:
         try:
             with zipfile.ZipFile(self.path) as zf:
                 return zf.read(info)
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError,
+                zlib.error, _LZMAError) as exc:  # zlib/lzma: a corrupt compressed member
             raise UnreadableCheckpoint(f"{self.path}: cannot read {suffix}: {exc}") from None
 
 

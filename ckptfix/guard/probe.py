@@ -21,10 +21,6 @@ from ckptfix.guard.setup import (
 
 __all__ = ["StepProbe"]
 
-# ---------------------------------------------------------------------------------------------
-# First-step probe
-# ---------------------------------------------------------------------------------------------
-
 
 def _dense(grad: torch.Tensor) -> torch.Tensor:
     """Values of a gradient, sparse ones (nn.Embedding(sparse=True)) included."""
