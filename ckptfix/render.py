@@ -72,6 +72,11 @@ def render_finding(f: dict[str, Any]) -> list[str]:
     return out
 
 
+_MAPPING = {"recorded": "recorded names", "fqn": "parameter names", "position": "position and shape",
+            "hf-groups": "HF Trainer decay groups", "aligned": "order and shape", "shape": "unique shapes (weak)",
+            "none": "nothing"}
+
+
 def _optimizer(o: dict | None) -> str:
     if o is None:
         return "none saved"
@@ -80,7 +85,7 @@ def _optimizer(o: dict | None) -> str:
     step = ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in step) or "none"
     return (f"{o['type']}, {len(o['param_groups'])} group(s) [{groups}], {o['params']} params "
             f"({o['params_with_state']} with state: {', '.join(o['state_keys']) or 'none'}), step {step}, "
-            f"mapped by {o['mapping']}, {_size(o['state_bytes'])}")
+            f"mapped by {_MAPPING.get(o['mapping'], o['mapping'])}, {_size(o['state_bytes'])}")
 
 
 def _group(g: dict) -> str:

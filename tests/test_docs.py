@@ -46,3 +46,21 @@ def test_readme_codes_table_matches_the_registry():
     assert section.strip() == codes_table_markdown(), (
         "README.md's codes table is out of date; regenerate it with\n"
         "python -c \"from ckptfix.checks import codes_table_markdown; print(codes_table_markdown())\"")
+
+
+def test_readme_lists_every_guard_code_and_the_guard_loop():
+    """The guard's CKF8xx codes and the README's guard table name the same codes, and the README's loop
+    is the code tests/test_guard_readme_loop.py executes."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    table = readme.split("<!-- guard-codes:start -->")[1].split("<!-- guard-codes:end -->")[0]
+    documented = set(re.findall(r"\| (CKF8\d\d) \|", table))
+    source = "".join(p.read_text() for p in (root / "ckptfix" / "guard").glob("*.py"))
+    used = set(re.findall(r'"(CKF8\d\d)"', source))
+    assert documented == used
+    import test_guard_readme_loop
+
+    assert test_guard_readme_loop.README_LOOP.strip("\n") in readme
