@@ -95,6 +95,44 @@ class TensorInfo:
 
 
 _MAPS: dict[tuple, mmap.mmap] = {}
+_SMALL_READ = 1 << 16
+
+
+class _ReadMap(mmap.mmap):
+    """A read-only map whose small slices are read with pread().
+
+    A page fault on an uncached page makes the kernel read around it, up to the device's read-ahead
+    (8 MB on a virtio disk with read_ahead_kb=8192) per fault: reading a zip local header or an
+    optimizer `step` through the map cost megabytes each on a cold cache (inspect of a 2 GB checkpoint:
+    ~200 ms instead of ~25 ms). pread() reads just those bytes; large slices (CRCs, --scan) and
+    np.frombuffer still go through the map, with read-ahead, as bulk reads should.
+    """
+
+    _fd: int | None = None
+
+    def __getitem__(self, key):
+        if self._fd is not None and isinstance(key, slice) and key.step in (None, 1):
+            start, stop, _ = key.indices(len(self))
+            if 0 < stop - start <= _SMALL_READ:
+                data = os.pread(self._fd, stop - start, start)
+                if len(data) == stop - start:
+                    return data
+        return super().__getitem__(key)
+
+    def close(self) -> None:
+        super().close()
+        self._release_fd()
+
+    def _release_fd(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        try:
+            self._release_fd()
+        except Exception:  # interpreter shutdown
+            pass
 
 
 def file_map(path: str, writable: bool = False) -> mmap.mmap:
@@ -111,8 +149,17 @@ def file_map(path: str, writable: bool = False) -> mmap.mmap:
     if mapped is None or mapped.closed:
         if st.st_size == 0:
             raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
-        with open(path, "rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY if writable else mmap.ACCESS_READ)
+        if writable:  # private writes must stay visible through the map: no pread() shortcut
+            with open(path, "rb") as f:
+                mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        else:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                mapped = _ReadMap(fd, 0, access=mmap.ACCESS_READ)
+            except BaseException:
+                os.close(fd)
+                raise
+            mapped._fd = fd  # kept open for pread() (the map holds its own duplicate)
         _MAPS[key] = mapped
     return mapped
 

@@ -21,10 +21,14 @@ from ckptfix.errors import RepairError
 TMP_MARK = ".ckptfix-tmp-"
 
 
-def _default_mode() -> int:
+def _umask() -> int:
     umask = os.umask(0)
     os.umask(umask)
-    return 0o666 & ~umask
+    return umask
+
+
+def _default_mode() -> int:
+    return 0o666 & ~_umask()
 
 
 def fsync_dir(path: str) -> None:
@@ -82,18 +86,27 @@ def atomic_file(path: str, *, mode_like: str | None = None, backup: bool = False
 @contextlib.contextmanager
 def atomic_folder(path: str, *, backup: bool = False) -> Iterator[str]:
     """Yield a temp folder to fill; on success it replaces `path` (an existing one is moved aside first:
-    kept as `path.bak` when `backup`, else deleted once the new folder is in place)."""
+    kept as `path.bak` when `backup`, else deleted once the new folder is in place).
+
+    Where the file system can (Linux `renameat2(RENAME_EXCHANGE)`), an existing `path` is swapped with
+    the new folder in one step, so `path` always names a complete folder, the old or the new one."""
     parent = os.path.dirname(os.path.abspath(path))
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}{TMP_MARK}", dir=parent)
+    swapped = False  # after the swap `tmp` names the old folder: never delete it on an error
     try:
         yield tmp
-        for name in os.listdir(tmp):
-            file = os.path.join(tmp, name)
-            if os.path.isfile(file):
-                with open(file, "rb") as f:
-                    os.fsync(f.fileno())
-        os.chmod(tmp, 0o777 & ~(0o666 & ~_default_mode()))
+        _fsync_tree(tmp)
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp creates 0700; a folder gets what mkdir would give
         fsync_dir(tmp)
+        if os.path.lexists(path) and _exchange(tmp, path):
+            swapped = True
+            fsync_dir(parent)
+            if backup:
+                os.rename(tmp, backup_path(path))
+                fsync_dir(parent)
+            else:
+                _discard(tmp)
+            return
         old = None
         if os.path.lexists(path):
             old = backup_path(path) if backup else f"{tmp}-old"
@@ -101,13 +114,55 @@ def atomic_folder(path: str, *, backup: bool = False) -> Iterator[str]:
         os.rename(tmp, path)
         fsync_dir(parent)
         if old and not backup:
-            shutil.rmtree(old, ignore_errors=True)
+            _discard(old)
     except OSError as exc:
+        if swapped:
+            raise RepairError(f"{path}: written, but the previous folder was left at {tmp} "
+                              f"({exc.strerror or exc})") from None
         shutil.rmtree(tmp, ignore_errors=True)
         raise RepairError(_describe(exc, path)) from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if not swapped:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _fsync_tree(folder: str) -> None:
+    """fsync every regular file under `folder` and every folder in it (not symlinks' targets)."""
+    for root, _, names in os.walk(folder, topdown=False):
+        for name in names:
+            file = os.path.join(root, name)
+            if os.path.isfile(file) and not os.path.islink(file):
+                with open(file, "rb") as f:
+                    os.fsync(f.fileno())
+        if root != folder:
+            fsync_dir(root)
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths atomically (Linux `renameat2(RENAME_EXCHANGE)`). False where that is not available."""
+    try:
+        import ctypes
+
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except Exception:  # not Linux/glibc: no renameat2
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    renameat2.restype = ctypes.c_int
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP):  # kernel or file system lacks it
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def _discard(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        _remove(path)
 
 
 def _remove(path: str) -> None:

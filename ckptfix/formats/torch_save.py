@@ -151,8 +151,10 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
     flush = _Flush(out)  # the records go to disk while `finish` waits (e.g. for the source's hash)
     try:
         data, final_storages = _pickle(finish(tree) if finish else tree)
-    finally:
-        flush.wait()
+    except BaseException:
+        flush.wait(report=False)  # the error in flight is the one to see
+        raise
+    flush.wait()
     if final_storages.keys() != storages.keys():
         raise RepairError("internal: finishing the checkpoint changed its tensors")
     zw.write_bytes(f"{prefix}/data.pkl", data)
@@ -185,10 +187,10 @@ class _Flush:
             if exc.errno not in (22, 95):  # EINVAL/EOPNOTSUPP: a pipe or a special file, not an error
                 self.error = exc
 
-    def wait(self) -> None:
+    def wait(self, report: bool = True) -> None:
         if self.thread is not None:
             self.thread.join()
-        if self.error is not None:
+        if self.error is not None and report:
             raise self.error
 
 
@@ -264,7 +266,8 @@ def _write_spliced(zw: ZipWriter, name: str, storage: StorageRef, spliced: Splic
     the prefix's (known for a whole source record, else computed from the mapped file)."""
     where, tail = spliced.prefix, _tensor_bytes(spliced.tail)
     if where.length + len(tail) != storage.nbytes:
-        raise RepairError(f"storage {storage.key}: produced {where.length + len(tail)} bytes, expected {storage.nbytes}")
+        raise RepairError(f"storage {storage.key}: produced {where.length + len(tail)} bytes, "
+                          f"expected {storage.nbytes}")
     crc = spliced.prefix_crc if spliced.prefix_crc is not None else _crc_of(where, where.length)
     with open(where.file, "rb") as src:
         zw.copy_range(name, src, where.start, where.length, zlib.crc32(tail, crc), tail=tail)

@@ -59,7 +59,8 @@ class ZipWriter:
         self._local_header(name.encode(), len(data), zlib.crc32(data))
         self.f.write(data)
 
-    def copy_range(self, name: str, src: BinaryIO, start: int, size: int, crc: int, tail: bytes | memoryview = b"") -> None:
+    def copy_range(self, name: str, src: BinaryIO, start: int, size: int, crc: int,
+                   tail: bytes | memoryview = b"") -> None:
         """Copy `size` bytes of an open source file from `start`, then write `tail` (e.g. rows added to a
         copied tensor), as one member whose CRC-32 (of all its bytes) is already known."""
         self._local_header(name.encode(), size + len(tail), crc,

@@ -58,6 +58,8 @@ def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], 
                     _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_scaler(tree, plan))
             else:
                 shutil.copy2(src, dst)  # RNG states, samplers, further models: bytes, never unpickled
+            if os.path.isfile(dst) and not os.path.islink(dst):  # rewritten files keep the source's mode
+                shutil.copymode(src, dst)
         with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
             f.write(record_json(record_fn()))
     return backup

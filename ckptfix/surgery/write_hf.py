@@ -66,6 +66,8 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
                 _rewrite_weights(plan, src, dst, generator)
             elif not _rewrite_training_file(plan, name, src, dst, generator):
                 shutil.copy2(src, dst)
+            if os.path.isfile(dst):  # a rewritten file keeps its source's permissions, like a copied one
+                shutil.copymode(src, dst)
         _update_index_sizes(plan, tmp)
         _copy_tokenizer(plan.tokenizer, tmp)
         with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
@@ -106,7 +108,7 @@ def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, gene
 
 
 def _rewrite_torch(src: str, f: Any, plan: RepairPlan, generator: Any, edit: Callable) -> None:
-    tree, locate_for, archive = torch_file.load(src)
+    tree, locate_for, archive = torch_file.load(src, opaque=True)  # inert records are refused when written
     table = StorageTable(tree, locate_for, archive, lambda e: e.output(plan.init, plan.std, generator))
     prefix = archive.prefix if archive is not None else "archive"
     torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix)

@@ -58,7 +58,9 @@ def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], d
     from ckptfix.surgery import record_json
 
     source = plan.ckpt.path
-    tree, locate_for, archive = torch_file.load(source)
+    # Opaque mode imports nothing either; an inert record (--trust-pickle) is then refused by name when
+    # written ("cannot be written back"), not reported as an unsafe pickle the user already allowed.
+    tree, locate_for, archive = torch_file.load(source, opaque=True)
     produce = lambda edit: edit.output(plan.init, plan.std, generator)  # noqa: E731
     table = StorageTable(tree, locate_for, archive, produce)
     bare = plan.ckpt.sections.get("model") == ""

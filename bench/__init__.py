@@ -1,0 +1,1 @@
+"""Benchmarks for ckptfix (`python -m bench.run --help`). Not part of the installed package."""
