@@ -283,3 +283,15 @@ def test_hf_trainer_checkpoint_inspected_without_transformers_or_torch(trainer_c
             "print('IMPORTED', bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert "IMPORTED []" in out.stdout
+
+
+def test_dtypes_without_a_typed_storage_read_like_torch(tmp_path):
+    """uint16 and float8 tensors are pickled with `torch.storage.UntypedStorage` and `_rebuild_tensor_v3`."""
+    path = tmp_path / "u16.pth"
+    u16 = torch.tensor([1, 2, 60000], dtype=torch.int32).to(torch.uint16)
+    f8 = torch.tensor([0.5, -2.0]).to(torch.float8_e4m3fn)
+    torch.save({"u16": u16, "f8": f8}, path)
+    model = ckptfix.read_checkpoint(path).model
+    assert (model["u16"].dtype, model["f8"].dtype) == ("uint16", "float8_e4m3fn")
+    assert model["u16"].read().tolist() == [1, 2, 60000]
+    assert model["f8"].read().tolist() == f8.view(torch.uint8).tolist()  # float8 is read as its raw bytes

@@ -304,6 +304,9 @@ def _allowlist() -> dict[tuple[str, str], Any]:
     }
     for name in STORAGE_DTYPES:
         table[("torch", name)] = _StorageType(name)
+    # dtypes without a typed storage class (uint16/32/64, float8) are saved through `_rebuild_tensor_v3`
+    # with an untyped (byte) storage spelled by its module path; the dtype comes as an argument.
+    table[("torch.storage", "UntypedStorage")] = _StorageType("UntypedStorage")
     for name in list(DTYPE_SIZES) + list(_DTYPE_ALIASES):
         table[("torch", name)] = TorchDtype(_DTYPE_ALIASES.get(name, name))
     return table
