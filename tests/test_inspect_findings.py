@@ -31,14 +31,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:Converting a tensor with requir
               pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one intra-op thread is many times faster than several (and deterministic)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 # --------------------------------------------------------------------------------------------- helpers
 

@@ -23,13 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.filterwarnings("ignore:Converting a tensor with requires_grad")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def run():

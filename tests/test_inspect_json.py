@@ -105,13 +105,6 @@ def assert_schema(data: dict) -> None:
     json.dumps(data, allow_nan=False)  # strict JSON: no NaN/Infinity literals, no objects
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):

@@ -34,13 +34,6 @@ EXTRA = 3
 EMBED, HEAD = "text_embedding.weight", "text_head.weight"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 def word_level_tokenizer(path: Path, size: int) -> Path:
     """A tokenizer.json with exactly `size` ids."""

@@ -29,14 +29,12 @@ from test_repair_common import (
     assert_trains,
     same_bits,
     sha256,
-    single_thread,  # noqa: F401 - autouse fixture: one torch thread
     snapshot,
 )
 from tokenizer_factory import train_bpe_tokenizer_json
 
 accelerate = pytest.importorskip("accelerate")
 pytestmark = pytest.mark.accelerate
-torch.set_num_threads(1)
 
 OLD, STEPS = 48, 6
 EMBED, HEAD = "text_embedding.weight", "text_head.weight"

@@ -15,7 +15,6 @@ from ckpt_factory import trained_checkpoint
 from ckptfix.cli import main
 from test_repair_common import (
     sha256,
-    single_thread,  # noqa: F401 - autouse fixture: one torch thread
     snapshot,
 )
 from tokenizer_factory import train_bpe_tokenizer_json

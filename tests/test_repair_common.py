@@ -9,22 +9,12 @@ import math
 import os
 from pathlib import Path
 
-import pytest
 import torch
 
 from ckpt_factory import TinyLM, lm_loss, make_batches, warmup_lambda
 
 LR, WD, WARMUP = 3e-3, 0.01, 10
 
-
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    """These models are tiny: one intra-op thread is faster, and several times faster on a busy machine
-    (OpenMP workers spin while they wait for a core). Import this fixture into a test module to use it."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def sha256(path: str | os.PathLike) -> str:

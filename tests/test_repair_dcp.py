@@ -35,12 +35,10 @@ from test_repair_common import (
     WARMUP,
     assert_trains,
     same_bits,
-    single_thread,  # noqa: F401 - autouse fixture: one torch thread
     snapshot,
 )
 from tokenizer_factory import train_bpe_tokenizer_json
 
-torch.set_num_threads(1)
 
 OLD, STEPS = 48, 6
 EMBED, HEAD = "text_embedding.weight", "text_head.weight"

@@ -23,10 +23,9 @@ from ckptfix.cli import main
 from ckptfix.errors import RepairError
 from ckptfix.formats import detect, read_checkpoint
 from ckptfix.surgery import _writer_for
-from test_repair_common import single_thread, snapshot  # noqa: F401 - autouse fixture: one torch thread
+from test_repair_common import snapshot
 from tokenizer_factory import train_bpe_tokenizer_json
 
-torch.set_num_threads(1)
 
 OLD = 48
 

@@ -27,7 +27,6 @@ from test_repair_common import (
     resume,
     same_bits,
     sha256,
-    single_thread,  # noqa: F401 - autouse fixture: one torch thread
     snapshot,
     train_steps,
 )

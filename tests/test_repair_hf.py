@@ -16,7 +16,6 @@ import torch
 import ckptfix
 from test_repair_common import (
     same_bits,
-    single_thread,  # noqa: F401 - autouse fixture: one torch thread
     snapshot,
 )
 from tokenizer_factory import make_hf_tokenizer_folder

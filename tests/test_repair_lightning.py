@@ -30,13 +30,11 @@ from test_repair_common import (
     assert_trains,
     same_bits,
     sha256,
-    single_thread,  # noqa: F401 - autouse fixture: one torch thread
 )
 from tokenizer_factory import train_bpe_tokenizer_json
 
 L = pytest.importorskip("lightning")
 pytestmark = pytest.mark.lightning
-torch.set_num_threads(1)
 
 OLD, STEPS, MORE = 48, 8, 32
 EMBED, HEAD = "lm.text_embedding.weight", "lm.text_head.weight"

@@ -18,7 +18,6 @@ from test_repair_common import (
     resume,
     same_bits,
     sha256,
-    single_thread,  # noqa: F401 - autouse fixture: one torch thread
     train_steps,
 )
 from tokenizer_factory import extend_tokenizer_json, reorder_tokenizer_json, train_bpe_tokenizer_json

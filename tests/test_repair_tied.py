@@ -17,7 +17,6 @@ from test_repair_common import (
     resume,
     same_bits,
     sha256,
-    single_thread,  # noqa: F401 - autouse fixture: one torch thread
     train_steps,
 )
 from tokenizer_factory import train_sentencepiece

@@ -56,13 +56,6 @@ TALLY = {"inputs": set(), "runs": 0, "kills": 0, "missed": 0, "partial_outputs":
          "temp_left": 0, "kills_with_partial_temp": 0, "kills_leaving_the_new_output": 0, "missed_points": []}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
 
 # ---------------------------------------------------------------------------------------------- inputs
 

@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, file_map
+from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
 from ckptfix.formats.pickle_safe import StorageRef, load_pickle
