@@ -44,6 +44,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -71,8 +72,7 @@ def run_measured(cmd: list[str], *, stdout=subprocess.DEVNULL, env=None, interva
     """Run `cmd`; wall time (exact, from fork to reap), ru_maxrss, and sampled peak RssAnon/RssFile."""
     peaks = {"RssAnon": 0, "RssFile": 0, "VmHWM": 0}
     done = threading.Event()
-    stderr_path = ROOT / "bench" / "results" / f".stderr-{os.getpid()}"
-    with open(stderr_path, "w+") as err:
+    with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=stdout, stderr=err, env=env, cwd=ROOT)
 
@@ -92,7 +92,6 @@ def run_measured(cmd: list[str], *, stdout=subprocess.DEVNULL, env=None, interva
         proc.returncode = os.waitstatus_to_exitcode(status)
         err.seek(0)
         stderr = err.read()
-    stderr_path.unlink(missing_ok=True)
     return {"wall_s": wall, "rc": proc.returncode, "peak_rss_kb": usage.ru_maxrss,
             "peak_anon_kb": peaks["RssAnon"], "peak_file_kb": peaks["RssFile"], "stderr": stderr[-2000:]}
 
@@ -530,7 +529,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scaling", type=lambda s: [int(x) for x in s.split(",")], default=[500, 2000, 8000])
     ap.add_argument("--cache", choices=["both", "warm", "cold"], default="both")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "bench.json"))
-    ap.add_argument("--workdir", default=str(ROOT / "bench" / "results" / "work"))
+    ap.add_argument("--workdir", default="/tmp/ckptfix-bench",
+                    help="where the checkpoints are written (needs ~3.2x the largest size free)")
     ap.add_argument("--keep", action="store_true", help="keep the generated checkpoints")
     args = ap.parse_args(argv)
     sizes = args.sizes or [args.size_gb]
@@ -567,9 +567,9 @@ def main(argv: list[str] | None = None) -> None:
         print("\n== scaling ...", flush=True)
         results["scaling"] = bench.scaling()
     finally:
-        if not args.keep:
-            for p in work.glob("*.pth"):
-                p.unlink()
+        if not args.keep:  # only what the bench wrote: checkpoints, their outputs, tokenizers
+            for p in [*work.glob("*.pth"), *work.glob("*.ckptfix.json"), *work.glob("*tok*.json")]:
+                p.unlink(missing_ok=True)
     results["env"]["loadavg_end"] = os.getloadavg()
     results["target_lines"] = check_targets(results)
     text = tables(results)
