@@ -45,7 +45,8 @@ def param_count_mismatch(ctx: Context) -> Iterator[Finding]:
         return
     indices = opt.indices()
     params = ctx.ckpt.parameters()
-    orphans = [i for i in opt.state if i not in set(indices)]
+    grouped = set(indices)
+    orphans = [i for i in opt.state if i not in grouped]
     if len(indices) > len(params):
         yield finding(
             "CKF202", f"the optimizer's param groups hold {len(indices)} parameters but the model has "
