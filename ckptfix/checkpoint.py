@@ -7,6 +7,7 @@ in the number of tensors, not in their bytes.
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import re
@@ -55,10 +56,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import io
+import math
 import pickle
 import pickletools
 from dataclasses import dataclass, field
@@ -118,10 +119,7 @@ class TensorRef(_Record):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -8,6 +8,7 @@ read lazily through the same `TensorInfo` path as every other format.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 
@@ -81,9 +82,7 @@ def _check_layout(path: str, header: dict, data_len: int) -> None:
         begin, end = offsets
         if not 0 <= begin <= end <= data_len:
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} data_offsets {offsets} lie outside the data ({data_len} bytes)")
-        numel = 1
-        for d in shape:
-            numel *= d
+        numel = math.prod(shape)
         from ckptfix.formats.pickle_safe import DTYPE_SIZES
 
         if end - begin != numel * DTYPE_SIZES[DTYPES[entry["dtype"]]]:

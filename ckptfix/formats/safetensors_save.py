@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable
 
@@ -24,10 +25,7 @@ class Entry:
 
     @property
     def nbytes(self) -> int:
-        n = DTYPE_SIZES[self.dtype]
-        for d in self.shape:
-            n *= d
-        return n
+        return DTYPE_SIZES[self.dtype] * math.prod(self.shape)
 
 
 def write(out: BinaryIO, entries: list[Entry], metadata: dict[str, str] | None = None) -> None:

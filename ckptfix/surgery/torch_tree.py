@@ -7,6 +7,7 @@ edited tensors get a fresh storage whose bytes are produced while its record is 
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any, Callable
 
 from ckptfix.formats.common import iter_tensor_refs
@@ -28,9 +29,7 @@ class StorageTable:
         key = str(self.next_key)
         self.next_key += 1
         shape = edit.new_shape
-        numel = 1
-        for d in shape:
-            numel *= d
+        numel = math.prod(shape)
         storage = StorageRef(key, old.dtype, old.storage.location, numel)
         self.new[key] = StorageSource(produce=lambda: self._produced(edit, old))
         stride = tuple(_contiguous_stride(shape))

@@ -9,6 +9,7 @@ changes them; `config.json` gets the new `vocab_size`; tokenizer files come from
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from typing import Any, Callable
@@ -134,10 +135,7 @@ def _update_index_sizes(plan: RepairPlan, folder: str) -> None:
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
     from ckptfix.formats.pickle_safe import DTYPE_SIZES
 
-    n = DTYPE_SIZES[dtype]
-    for d in shape:
-        n *= d
-    return n
+    return DTYPE_SIZES[dtype] * math.prod(shape)
 
 
 def _copy_tokenizer(tokenizer: Any, folder: str) -> None:
