@@ -15,11 +15,9 @@ The sentinel a corpus payload would create is checked after every input.
 from __future__ import annotations
 
 import io
-import json
 import struct
 import sys
 import tempfile
-import warnings
 import zipfile
 from pathlib import Path
 
@@ -29,11 +27,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-with atheris.instrument_imports(include=["ckptfix"]):
-    from ckptfix import inspect
+with atheris.instrument_imports(include=["ckptfix"]):  # imported here so atheris instruments them
+    import ckptfix.inspect  # noqa: F401
+    import ckptfix.render  # noqa: F401
     from ckptfix.checkpoint import release_maps
     from ckptfix.errors import CkptfixError
-    from ckptfix.render import render_report
+
+import malicious_corpus as mc  # noqa: E402
 
 WORK = Path(tempfile.mkdtemp(prefix="ckptfix-fuzz-"))
 SENTINEL = WORK / "SENTINEL_CODE_WAS_EXECUTED"
@@ -43,7 +43,6 @@ _ZIP_TEMPLATE: list[tuple[str, bytes]] = []
 def _template() -> list[tuple[str, bytes]]:
     """The members of a small valid torch.save zip, built once (data.pkl is replaced per input)."""
     if not _ZIP_TEMPLATE:
-        import malicious_corpus as mc
 
         path = mc._good_checkpoint(WORK / "template.pth")
         _ZIP_TEMPLATE.extend(mc.zip_members(path))
@@ -58,7 +57,6 @@ def _present(data: bytes) -> tuple[bytes, str, bool, bool]:
     mode, rest = data[0], data[1:]
     trust, scan, kind = bool(mode & 1), bool(mode & 2), (mode >> 2) % 4
     if kind == 1:  # rest is data.pkl inside a valid zip
-        import malicious_corpus as mc
 
         path = WORK / "zip.tmp"
         mc.write_zip(path, [(n, rest if n.endswith("/data.pkl") else d) for n, d in _template()])
@@ -73,11 +71,7 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 - atheris' name
     path = WORK / f"input{suffix}"
     path.write_bytes(content)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            report = inspect(path, trust_pickle=trust, scan=scan, verify=scan)
-            json.dumps(report.to_json(), default=str)
-            render_report(report)
+        mc.inspect_everything(path, trust=trust, scan=scan)
     except CkptfixError:
         pass
     finally:
@@ -88,7 +82,6 @@ def TestOneInput(data: bytes) -> None:  # noqa: N802 - atheris' name
 
 
 def _seed_dir() -> str:
-    import malicious_corpus as mc
 
     seeds = WORK / "seeds"
     seeds.mkdir()

@@ -875,3 +875,16 @@ def _main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
+
+
+def inspect_everything(path: str | os.PathLike, *, trust: bool = False, scan: bool = False) -> None:
+    """The read-side contract in-process: inspect, the JSON document and the text report all come back,
+    or a CkptfixError is raised (callers decide what else to assert). Warnings are not the point here."""
+    from ckptfix import inspect
+    from ckptfix.render import render_report
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = inspect(path, trust_pickle=trust, scan=scan, verify=scan)
+        json.dumps(report.to_json(), default=str)
+        render_report(report)
