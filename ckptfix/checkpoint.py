@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ckptfix.errors import UnreadableCheckpoint
-from ckptfix.formats.pickle_safe import DTYPE_SIZES
+from ckptfix.formats.pickle_safe import DTYPE_SIZES, contiguous_stride
 
 FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
                 "float8_e4m3fnuz", "float8_e5m2fnuz"}
@@ -67,11 +67,7 @@ class TensorInfo:
         return self.dtype in FLOAT_DTYPES
 
     def contiguous_stride(self) -> tuple[int, ...]:
-        stride, step = [], 1
-        for d in reversed(self.shape):
-            stride.append(step)
-            step *= max(d, 1)
-        return tuple(reversed(stride))
+        return contiguous_stride(self.shape)
 
     def read(self) -> np.ndarray:
         """The values as a numpy array (bfloat16 widened to float32; float8 as raw uint8)."""

@@ -75,6 +75,15 @@ class _Record:
         return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
 
+def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides (in elements) of a freshly allocated row-major tensor of `shape`, as torch computes them."""
+    stride, step = [], 1
+    for d in reversed(shape):
+        stride.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(stride))
+
+
 @dataclass(frozen=True)
 class TorchDtype(_Record):
     name: str
@@ -124,13 +133,6 @@ class TensorRef(_Record):
     @property
     def nbytes(self) -> int:
         return self.numel * DTYPE_SIZES[self.dtype]
-
-    def is_contiguous(self) -> bool:
-        expected, stride = 1, []
-        for d in reversed(self.shape):
-            stride.append(expected)
-            expected *= d
-        return all(d == 1 or s == e for d, s, e in zip(self.shape, self.stride, reversed(stride)))
 
     def fits_storage(self) -> bool:
         """Whether every element the view addresses lies inside its storage."""

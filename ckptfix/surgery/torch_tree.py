@@ -11,7 +11,7 @@ import math
 from typing import Any, Callable
 
 from ckptfix.formats.common import iter_tensor_refs
-from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+from ckptfix.formats.pickle_safe import StorageRef, TensorRef, contiguous_stride
 from ckptfix.formats.torch_save import Spliced, StorageSource
 from ckptfix.surgery.plan import DEFAULT_SCALE, RepairPlan, TensorEdit
 
@@ -32,7 +32,7 @@ class StorageTable:
         numel = math.prod(shape)
         storage = StorageRef(key, old.dtype, old.storage.location, numel)
         self.new[key] = StorageSource(produce=lambda: self._produced(edit, old))
-        stride = tuple(_contiguous_stride(shape))
+        stride = contiguous_stride(tuple(shape))
         return TensorRef(storage, 0, tuple(shape), stride, old.dtype, old.requires_grad, old.is_parameter)
 
     def _produced(self, edit: TensorEdit, old: TensorRef) -> Any:
@@ -54,14 +54,6 @@ class StorageTable:
             info = self.archive.members.get(f"{self.archive.prefix}/data/{storage.key}")
             crc = info.CRC if info is not None else None
         return StorageSource(copy_from=self.locate_for(storage), crc=crc)
-
-
-def _contiguous_stride(shape: tuple[int, ...]) -> list[int]:
-    stride, step = [], 1
-    for d in reversed(shape):
-        stride.append(step)
-        step *= max(d, 1)
-    return list(reversed(stride))
 
 
 def edit_model(state: Any, plan: RepairPlan, table: StorageTable, prefix: str = "") -> Any:
