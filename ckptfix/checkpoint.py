@@ -71,18 +71,18 @@ class TensorInfo:
 
     def read(self) -> np.ndarray:
         """The values as a numpy array (bfloat16 widened to float32; float8 as raw uint8)."""
+        return widen_stored(self.read_stored(), self.dtype)
+
+    def read_stored(self) -> np.ndarray:
+        """The values as stored, a read-only view of the mapped file: numpy has no bfloat16 or float8,
+        so those come as their raw bits (uint16 / uint8). No copy for any dtype."""
         return _read_numpy(self)
 
     def to_torch(self):
         """The values as a torch tensor backed by a private copy-on-write map of the file."""
-        import torch
-
-        array = _mapped_storage(self, writable=True)
-        tensor = torch.from_numpy(array)
-        if self.dtype == "bfloat16" or self.dtype.startswith("float8"):
-            tensor = tensor.view(getattr(torch, self.dtype))
         stride = self.stride if self.stride is not None else self.contiguous_stride()
-        return tensor.as_strided(self.shape, stride, self.offset)
+        return stored_to_torch(_mapped_storage(self, writable=True), self.dtype).as_strided(
+            self.shape, stride, self.offset)
 
     def describe(self) -> str:
         return f"{self.name} {list(self.shape)} {self.dtype}"
@@ -191,9 +191,22 @@ def _read_numpy(tensor: TensorInfo) -> np.ndarray:
     view = np.lib.stride_tricks.as_strided(
         storage[tensor.offset:] if tensor.numel else storage, shape=tensor.shape,
         strides=tuple(s * itemsize for s in stride), writeable=False)
-    if tensor.dtype == "bfloat16":
-        return (view.astype(np.uint32) << 16).view(np.float32)
     return view
+
+
+def widen_stored(array: np.ndarray, dtype: str) -> np.ndarray:
+    """Stored values as numpy floats: bfloat16 bits widened (exactly) to float32, other dtypes as they are."""
+    return (array.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else array
+
+
+def stored_to_torch(array: np.ndarray, dtype: str):
+    """A torch tensor sharing `array`'s memory, with the dtype numpy could not represent restored."""
+    import torch
+
+    tensor = torch.from_numpy(array)
+    if dtype == "bfloat16" or dtype.startswith("float8"):
+        tensor = tensor.view(getattr(torch, dtype))
+    return tensor
 
 
 def read_scalar(tensor: TensorInfo) -> float | None:

@@ -9,7 +9,6 @@ has per-parameter optimizer state, every floating-point parameter.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from dataclasses import dataclass, field
@@ -17,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.checkpoint import Checkpoint, TensorInfo, widen_stored
 from ckptfix.errors import CkptfixError
 from ckptfix.formats import read_checkpoint
 from ckptfix.mapping import map_optimizer
@@ -186,7 +185,7 @@ def compare(ta: TensorInfo, tb: TensorInfo, entry: TensorDiff, atol: float) -> N
 
 def _chunks(t: TensorInfo) -> Iterator[np.ndarray]:
     """The values of `t` as float64 (complex stays complex), at most CHUNK_ELEMENTS at a time."""
-    raw = _raw(t)
+    raw = t.read_stored()  # bfloat16 as its bits: widened per chunk, not whole
     if raw.flags.c_contiguous:  # the common case: a flat view, no copy
         flat = raw.reshape(-1)
         for i in range(0, flat.size, CHUNK_ELEMENTS):
@@ -198,16 +197,8 @@ def _chunks(t: TensorInfo) -> Iterator[np.ndarray]:
         yield _widen(t, raw[i:i + step]).reshape(-1)
 
 
-def _raw(t: TensorInfo) -> np.ndarray:
-    """A view of the stored values; bfloat16 as its uint16 bits so widening happens per chunk, not whole."""
-    if t.dtype == "bfloat16":
-        return dataclasses.replace(t, dtype="uint16").read()
-    return np.asarray(t.read())
-
-
 def _widen(t: TensorInfo, chunk: np.ndarray) -> np.ndarray:
-    if t.dtype == "bfloat16":
-        chunk = (chunk.astype(np.uint32) << 16).view(np.float32)
+    chunk = widen_stored(chunk, t.dtype)
     return chunk.astype(np.complex128 if np.iscomplexobj(chunk) else np.float64)
 
 

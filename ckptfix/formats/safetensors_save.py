@@ -12,7 +12,7 @@ from ckptfix.errors import RepairError
 from ckptfix.formats.pickle_safe import DTYPE_SIZES
 from ckptfix.formats.safetensors_file import SAFETENSORS_DTYPES
 from ckptfix.formats.torch_save import _tensor_bytes
-from ckptfix.formats.zipwriter import _copy
+from ckptfix.io import copy_range
 
 
 @dataclass
@@ -21,7 +21,7 @@ class Entry:
     dtype: str  # torch name, e.g. "bfloat16"
     shape: tuple[int, ...]
     copy_from: ByteRange | None = None
-    produce: Callable[[], Any] | None = None  # a contiguous torch tensor
+    produce: Callable[[], Any] | None = None  # a numpy array or torch tensor (as torch_save writes it)
 
     @property
     def nbytes(self) -> int:
@@ -42,7 +42,7 @@ def write(out: BinaryIO, entries: list[Entry], metadata: dict[str, str] | None =
     out.write(raw)
     for e in entries:
         if e.produce is not None:
-            data = _tensor_bytes(e.produce().contiguous())
+            data = _tensor_bytes(e.produce())
             if len(data) != e.nbytes:
                 raise RepairError(f"{e.name}: produced {len(data)} bytes, expected {e.nbytes}")
             out.write(data)
@@ -54,10 +54,5 @@ def _copy_range(out: BinaryIO, where: ByteRange, n: int) -> None:
     out.flush()
     pos = out.tell()
     with open(where.file, "rb") as src:
-        done = 0
-        while done < n:
-            k = _copy(src.fileno(), out.fileno(), where.start + done, pos + done, min(1 << 26, n - done))
-            if k <= 0:
-                raise OSError(f"short copy from {where.file}")
-            done += k
+        copy_range(src.fileno(), out.fileno(), where.start, pos, n)
     out.seek(pos + n)

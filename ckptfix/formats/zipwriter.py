@@ -8,17 +8,17 @@ a repaired checkpoint costs about one file copy. Records are aligned like `torch
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
+from ckptfix.io import copy_range
+
 ALIGNMENT = 64
 PAGE = 4096
 _PAGE_MATCH_MIN = 1 << 20  # copies at least this large get page-congruent offsets (<= 4 KiB padding each)
 _ZIP64_LIMIT = 0xFFFFFFFF
-_COPY_CHUNK = 1 << 26
 
 
 @dataclass
@@ -66,13 +66,8 @@ class ZipWriter:
         self._local_header(name.encode(), size + len(tail), crc,
                            page_offset=start % PAGE if size >= _PAGE_MATCH_MIN else None)
         self.f.flush()
-        out_fd, in_fd, done = self.f.fileno(), src.fileno(), 0
         pos = self.f.tell()
-        while done < size:
-            n = _copy(in_fd, out_fd, start + done, pos + done, min(_COPY_CHUNK, size - done))
-            if n <= 0:
-                raise OSError(f"short copy from the source at byte {start + done}")
-            done += n
+        copy_range(src.fileno(), self.f.fileno(), start, pos, size)
         self.f.seek(pos + size)
         if len(tail):
             self.f.write(tail)
@@ -101,13 +96,3 @@ class ZipWriter:
         else:
             self.f.write(struct.pack("<4sHHHHLLH", b"PK\x05\x06", 0, 0, count, count, cd_size, cd_start, 0))
 
-
-def _copy(in_fd: int, out_fd: int, src_pos: int, dst_pos: int, n: int) -> int:
-    if hasattr(os, "copy_file_range"):
-        try:
-            return os.copy_file_range(in_fd, out_fd, n, src_pos, dst_pos)
-        except OSError as exc:
-            if exc.errno not in (18, 22, 38, 95):  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP: fall back
-                raise
-    data = os.pread(in_fd, n, src_pos)
-    return os.pwrite(out_fd, data, dst_pos)

@@ -79,6 +79,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from ckptfix.guard.probe import StepProbe
@@ -440,7 +441,7 @@ class ResumeGuard:
         self._rewarm: _Rewarm | None = None
         self._tok_size: int | None = None
         self._tok_read = False
-        self._generator = torch.Generator().manual_seed(0)
+        self._rng = np.random.default_rng(0)
         self._produced: dict[str, torch.Tensor] = {}
 
     # -- public API -----------------------------------------------------------------------------
@@ -465,7 +466,7 @@ class ResumeGuard:
                               record=ckpt.record, notes=list(ckpt.notes),
                               checkpoint_findings=[f.code for f in analysis.findings])
         self.report = report
-        self._generator = torch.Generator().manual_seed(0)
+        self._rng = np.random.default_rng(0)
         self._produced = {}
 
         # -- checks (nothing is modified until they pass) ------------------------------------------
@@ -738,7 +739,7 @@ class ResumeGuard:
     def _produce(self, edit: Any, init: str) -> torch.Tensor:
         """A resized tensor from a repair edit (once per edit: tied aliases share it)."""
         if edit.name not in self._produced:
-            self._produced[edit.name] = edit.produce(init, 0.02, self._generator)
+            self._produced[edit.name] = edit.produce_torch(init, 0.02, self._rng)
         return self._produced[edit.name]
 
     # -- internals: checks ------------------------------------------------------------------------

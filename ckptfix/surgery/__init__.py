@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+import numpy as np
+
 from ckptfix.errors import RepairError
 from ckptfix.inspect import analyse
 from ckptfix.formats import read_checkpoint
@@ -95,10 +97,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
                             notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
     writer = _writer_for(ckpt.format, ckpt.path)
     hasher = hasher or BackgroundHash(source)
-    from ckptfix.surgery.rows import LazyGenerator
-
-    generator = LazyGenerator(seed)  # torch is imported only if a new row is sampled
-    backup = writer(plan, out, lambda: build_record(plan, hasher.result()), generator=generator,
+    backup = writer(plan, out, lambda: build_record(plan, hasher.result()), rng=np.random.default_rng(seed),
                     in_place=in_place, progress=progress)
     return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
 

@@ -8,18 +8,18 @@ Policies for the optimizer:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo
+from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torch
 from ckptfix.checks import Finding
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.errors import RepairError
 from ckptfix.formats.pickle_safe import DTYPE_SIZES
-from ckptfix.surgery.rows import (RowPlan, apply_plan, column_mean_f32, moment_fill, new_row_values, plan_by_id,
-                                  plan_by_token, second_moment_key)
+from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_row_values, plan_by_id, plan_by_token
 from ckptfix.vocab import padded_size
 
 POLICIES = ("remap", "fresh", "reset")
@@ -44,29 +44,31 @@ class TensorEdit:
             return (self.source.shape[0], self.plan.new_rows)
         return (self.plan.new_rows, *self.source.shape[1:])
 
-    def produce(self, init: str, std: float, generator: Any) -> Any:
-        """The rewritten tensor (torch, contiguous). Only this tensor is held while it is written."""
-        old = self.source.to_torch()
-        transposed = self.role == "head-bias" and old.dim() == 2
+    def produce(self, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
+        """The rewritten tensor as stored (numpy, contiguous; bfloat16 as its bits), computed from a view
+        of the mapped source. Only this tensor is held while it is written."""
+        old = self.source.read_stored()
+        transposed = self.role == "head-bias" and old.ndim == 2
         if transposed:
             old = old.reshape(-1)
-        if self.moment_key is not None:
-            fill = moment_fill(old, self.moment_key)
-        else:
-            fill = new_row_values(old, self.plan.new, init, std, generator)
-        out = apply_plan(old, self.plan, fill).contiguous()
+        fill = new_row_values(old, self.source.dtype, self.plan.new, fill_for(init, self.moment_key), std, rng)
+        out = apply_plan(old, self.plan, fill)
         return out.reshape(self.new_shape) if transposed else out
 
-    def output(self, init: str, std: float, generator: Any) -> Any:
-        """What a torch-archive writer stores: `stream()` where it applies, else `produce()`."""
-        return self.stream(init, std, generator) or self.produce(init, std, generator)
+    def produce_torch(self, init: str, std: float, rng: np.random.Generator) -> Any:
+        """`produce` as a torch tensor (for writers and the guard that hand tensors to torch)."""
+        return stored_to_torch(self.produce(init, std, rng), self.source.dtype)
 
-    def stream(self, init: str, std: float, generator: Any) -> Any:
+    def output(self, init: str, std: float, rng: np.random.Generator) -> Any:
+        """What a torch-archive writer stores: `stream()` where it applies, else `produce()`."""
+        spliced = self.stream(init, std, rng)
+        return spliced if spliced is not None else self.produce(init, std, rng)
+
+    def stream(self, init: str, std: float, rng: np.random.Generator) -> Any:
         """The rewritten tensor as a `torch_save.Spliced` record: the source's leading rows copied raw and
         only the new rows computed, when the plan keeps rows 0..k-1 in place (rows added at the end or
         trailing rows dropped, the common case) and the source is a contiguous view. Values are those
-        `produce` gives; new rows that need no sampling (zeros, a float32 moment's column mean) are
-        computed without torch. None when the rows must be gathered: use `produce`."""
+        `produce` gives. None when the rows must be gathered: use `produce`."""
         from ckptfix.formats.torch_save import Spliced
 
         src, keep = self.source, self.plan.prefix_rows()
@@ -80,23 +82,14 @@ class TensorEdit:
         if src.offset < 0 or start + src.nbytes > where.start + where.length:
             return None  # a damaged record: `produce` reports it
         row_bytes = src.nbytes // src.shape[0]
-        tail = self._new_rows(self.plan.new_rows - keep, init, std, generator)
+        tail = self._new_rows(self.plan.new_rows - keep, init, std, rng)
         return Spliced(ByteRange(where.file, start, keep * row_bytes), tail)
 
-    def _new_rows(self, count: int, init: str, std: float, generator: Any) -> Any:
-        src, width = self.source, self.source.shape[1:]
-        if count == 0 or (self.moment_key is None and init == "zeros") or (
-                self.moment_key is not None and not second_moment_key(self.moment_key)):
-            n = DTYPE_SIZES[src.dtype] * count
-            for d in width:
-                n *= d
-            return bytes(n)  # zero bits: +0.0 in every float dtype, as new_zeros gives
-        if self.moment_key is not None and src.dtype == "float32":
-            return np.broadcast_to(column_mean_f32(src.read()), (count, *width))  # as moment_fill computes it
-        old = src.to_torch()
-        if self.moment_key is not None:
-            return moment_fill(old, self.moment_key).expand(count, *width)
-        return new_row_values(old, count, init, std, generator)
+    def _new_rows(self, count: int, init: str, std: float, rng: np.random.Generator) -> Any:
+        src, fill = self.source, fill_for(init, self.moment_key)
+        if count == 0 or fill == "zeros":
+            return bytes(DTYPE_SIZES[src.dtype] * count * math.prod(src.shape[1:]))  # +0.0 in every float dtype
+        return new_row_values(src.read_stored(), src.dtype, count, fill, std, rng)
 
     def to_json(self) -> dict[str, Any]:
         return {"tensor": self.name, "role": self.role, "old_shape": list(self.source.shape),

@@ -7,15 +7,15 @@ a token keeps its trained row and its optimizer history together.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ckptfix.checkpoint import widen_stored
 from ckptfix.errors import RepairError
 
-# Above this width, the full covariance (width x width) is too costly to factorise; use isotropic noise.
-MAX_COVARIANCE_WIDTH = 4096
 # HF's mean_resizing samples with the old covariance scaled down by 1e-9: new rows sit at the mean,
 # distinct but close enough that the first logits for new tokens match an average old token.
 COVARIANCE_SCALE = 1e-9
@@ -90,70 +90,79 @@ def plan_by_token(old_rows: int, new_rows: int, old_tokens: list[str | None], ne
                    dropped=len(dropped), dropped_ids=dropped)
 
 
-class LazyGenerator:
-    """A seeded torch.Generator created on first use: a repair that samples nothing never imports torch."""
+def fill_for(init: str, moment_key: str | None) -> str:
+    """How new rows of a tensor are filled: weights by `init`; an optimizer's first moments are zero
+    and its second moments get the old rows' column mean.
 
-    def __init__(self, seed: int):
-        self.seed, self._generator = seed, None
-
-    def get(self) -> Any:
-        if self._generator is None:
-            import torch
-
-            self._generator = torch.Generator().manual_seed(self.seed)
-        return self._generator
-
-
-def new_row_values(old, count: int, init: str, std: float, generator) -> Any:
-    """Values for `count` new rows of a 2-D (rows x width) or 1-D (bias) torch tensor."""
-    import torch
-
-    if isinstance(generator, LazyGenerator):
-        generator = generator.get()
-
-    width = old.shape[1:] if old.dim() > 1 else ()
-    if count == 0:
-        return old.new_zeros((0, *width))
-    if init == "zeros" or old.shape[0] == 0:
-        return old.new_zeros((count, *width))
-    if init == "normal":
-        return (torch.randn((count, *width), generator=generator, dtype=torch.float32) * std).to(old.dtype)
-    if init != "mean":
-        raise RepairError(f"unknown --init {init!r} (choose mean, zeros or normal)")
-    rows = old.float()
-    mean = rows.mean(dim=0)
-    if old.dim() == 1:
-        return mean.expand(count).clone().to(old.dtype)
-    return _mean_cov_sample(rows, mean, count, generator).to(old.dtype)
+    Why not a zero second moment: under an inherited step the bias correction no longer scales it up,
+    so the first update of a new row is |g|/sqrt(1-beta2)*sqrt(1-beta2^t) ... about 1.35 x lr at step
+    200 and 3.16 x lr from a few thousand steps on, ~3.7x the size of old rows' updates (measured in
+    tests/test_repair_e2e.py); with the mean it is ~0.4-0.8x of theirs."""
+    if moment_key is None:
+        if init not in ("mean", "zeros", "normal"):
+            raise RepairError(f"unknown --init {init!r} (choose mean, zeros or normal)")
+        return init
+    return "column-mean" if moment_key in _SECOND_MOMENTS else "zeros"
 
 
-def _mean_cov_sample(rows, mean, count: int, generator):
-    """Sample like HF's mean_resizing: N(mean, 1e-9 * cov), isotropic noise if cov is not usable."""
-    import torch
+def new_row_values(rows: np.ndarray, dtype: str, count: int, fill: str, std: float,
+                   rng: np.random.Generator) -> np.ndarray:
+    """`count` new rows for a tensor whose old rows are `rows` (2-D rows x width, or a 1-D bias), both
+    as stored (bfloat16 as its uint16 bits, see `TensorInfo.read_stored`).
 
-    width = rows.shape[1]
-    if width <= MAX_COVARIANCE_WIDTH and rows.shape[0] > width:
-        centered = rows - mean
-        cov = centered.T @ centered / rows.shape[0]
-        try:
-            chol = torch.linalg.cholesky(cov * COVARIANCE_SCALE)
-            noise = torch.randn((count, width), generator=generator, dtype=torch.float32)
-            return mean + noise @ chol.T
-        except RuntimeError:  # not positive-definite (e.g. collinear rows): fall through
-            pass
-    scale = (rows.var(dim=0).mean() * COVARIANCE_SCALE).sqrt()
-    return mean + torch.randn((count, width), generator=generator, dtype=torch.float32) * scale
+    fill: "zeros"; "normal" (N(0, std^2)); "mean", HF's mean_resizing: the old rows' mean plus noise at
+    1e-9 of their variance, per column (HF uses the full covariance at that scale, an O(rows x width^2)
+    product whose off-diagonal terms move a new row by ~1e-5 of its norm; a 1-D bias gets its plain
+    mean); "column-mean": the old rows' mean per column, no noise. Integer tensors always get zeros."""
+    width = rows.shape[1:]
+    if fill == "zeros" or count == 0 or rows.shape[0] == 0 or dtype not in _WRITABLE_FLOATS:
+        if fill != "zeros" and dtype.startswith("float8"):
+            raise RepairError(f"--init {fill} cannot compute {dtype} rows; use --init zeros")
+        return np.zeros((count, *width), dtype=rows.dtype)
+    if fill == "normal":
+        values = rng.standard_normal((count, *width), dtype=np.float32) * np.float32(std)
+    else:
+        noisy = fill == "mean" and rows.ndim > 1
+        mean, var = column_stats(rows, dtype)
+        values = np.broadcast_to(mean.astype(np.float32), (count, *width))
+        if noisy:
+            scale = np.sqrt(var * COVARIANCE_SCALE).astype(np.float32)
+            values = values + rng.standard_normal((count, *width), dtype=np.float32) * scale
+    return narrow_to_stored(values, dtype)
 
 
-def apply_plan(old, plan: RowPlan, fill) -> Any:
-    """Gather kept/moved rows from `old` (a torch tensor) and place `fill` (new-row values) in the gaps."""
-    import torch
+def column_stats(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-column mean and (population) variance in float64, a bounded block of rows at a time: the
+    rows stay a view of the mapped file and at most ~16 MB is widened at once, whatever the dtype."""
+    flat_width = math.prod(rows.shape[1:])
+    total, squares = np.zeros(flat_width), np.zeros(flat_width)
+    step = max(1, (1 << 21) // max(1, flat_width))
+    for lo in range(0, rows.shape[0], step):
+        block = widen_stored(rows[lo:lo + step], dtype).reshape(-1, flat_width).astype(np.float64)
+        total += block.sum(axis=0)
+        squares += np.einsum("ij,ij->j", block, block)
+    mean = total / rows.shape[0]
+    var = np.maximum(squares / rows.shape[0] - mean * mean, 0.0)
+    return mean.reshape(rows.shape[1:]), var.reshape(rows.shape[1:])
 
+
+def narrow_to_stored(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values in `dtype`'s stored form, rounded to nearest-even as torch's `.to(dtype)` does."""
+    if dtype != "bfloat16":
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow to inf, NaN kept: as torch does
+            return np.asarray(values, dtype=_WRITABLE_FLOATS[dtype])
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16))
+    return np.where(np.isnan(values), np.uint16(0x7FC0), rounded.astype(np.uint16))
+
+
+def apply_plan(old: np.ndarray, plan: RowPlan, fill: np.ndarray) -> np.ndarray:
+    """Gather kept/moved rows from `old` (a stored view) and place `fill` (new-row values) in the gaps."""
     if old.shape[0] != plan.old_rows:
         raise RepairError(f"tensor has {old.shape[0]} rows but the plan expects {plan.old_rows}")
-    out = old.new_empty((plan.new_rows, *old.shape[1:]))
-    # Kept/moved rows are copied run by run straight into `out`: no gathered temporary (index_select
-    # or a boolean-mask assignment would hold a second copy of the tensor) and one memcpy per run.
+    out = np.empty((plan.new_rows, *old.shape[1:]), dtype=old.dtype)
+    # Kept/moved rows are copied run by run straight into `out`: no gathered temporary (fancy indexing
+    # would hold a second copy of the tensor) and one memcpy per run.
     src = plan.source
     prev = np.concatenate(([-2], src[:-1]))
     # A run: consecutive outputs from consecutive inputs; every new row (-1) is a run of its own.
@@ -162,15 +171,15 @@ def apply_plan(old, plan: RowPlan, fill) -> Any:
     if len(runs) <= 4096:
         for a, b in runs:
             first = int(src[a])
-            out[a:b].copy_(old[first:first + b - a])
+            out[a:b] = old[first:first + b - a]
     else:  # rows scattered one by one (a token-string remap): gather in blocks of bounded size
         present = np.flatnonzero(src >= 0)
         for lo in range(0, len(present), 4096):
-            dst = torch.from_numpy(present[lo:lo + 4096])
-            out.index_copy_(0, dst, old.index_select(0, torch.from_numpy(src[present[lo:lo + 4096]])))
+            rows = present[lo:lo + 4096]
+            out[rows] = old[src[rows]]
     missing = np.flatnonzero(src < 0)
     if len(missing):
-        out[torch.from_numpy(missing)] = fill
+        out[missing] = fill
     return out
 
 
@@ -178,27 +187,5 @@ def second_moment_key(key: str) -> bool:
     return key in _SECOND_MOMENTS
 
 
-def column_mean_f32(rows: np.ndarray) -> np.ndarray:
-    """The per-column mean of a float32 (rows x ...) array, accumulated in float64 (no copy of `rows`)."""
-    return (np.add.reduce(rows, axis=0, dtype=np.float64) / rows.shape[0]).astype(np.float32)
-
-
-def moment_fill(old, key: str) -> Any:
-    """New rows of an optimizer state tensor: zero first moments; second moments get the old rows' mean
-    per column, so Adam's denominator for a new row is a typical one.
-
-    Why not zero: under an inherited step the bias correction no longer scales a zero second moment
-    up, so the first update of a new row is |g|/sqrt(1-beta2)*sqrt(1-beta2^t) ... about 1.35 x lr at step
-    200 and 3.16 x lr from a few thousand steps on, ~3.7x the size of old rows' updates (measured in
-    tests/test_repair_e2e.py); with the mean it is ~0.4-0.8x of theirs."""
-    import torch
-
-    width = old.shape[1:]
-    if key in _SECOND_MOMENTS and old.shape[0] > 0:
-        if old.dtype == torch.float32:  # the same values the streaming writer computes without torch
-            return torch.from_numpy(column_mean_f32(old.numpy())).expand(1, *width)
-        return old.float().mean(dim=0).to(old.dtype).expand(1, *width)
-    return old.new_zeros((1, *width))
-
-
+_WRITABLE_FLOATS = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 _SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "square_avg", "sum")

@@ -25,6 +25,8 @@ import os
 import warnings
 from typing import Any, Callable
 
+import numpy as np
+
 from ckptfix.checkpoint import Checkpoint, TensorInfo
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
@@ -34,14 +36,14 @@ from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import edit_optimizer
 
 
-def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, generator: Any,
+def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                      in_place: bool, progress: Any = None) -> str | None:
     """Save the repaired state dict with `dcp.save` into `out` (atomically) plus a `ckptfix.json` sidecar."""
     import torch.distributed.checkpoint as dcp
 
     from ckptfix.surgery import record_json
 
-    state = repaired_state(plan, generator)
+    state = repaired_state(plan, rng)
     backup = backup_path(out) if in_place and os.path.exists(out) else None
     # One process even inside a distributed job: never a collective with ranks that are not saving.
     single = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
@@ -54,7 +56,7 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
     return backup
 
 
-def repaired_state(plan: RepairPlan, generator: Any) -> dict:
+def repaired_state(plan: RepairPlan, rng: np.random.Generator) -> dict:
     """The state dict to save: the source's tree with the plan applied, as torch objects."""
     ckpt = plan.ckpt
     items, _ = dcp_folder.read_metadata(ckpt.path)
@@ -71,15 +73,15 @@ def repaired_state(plan: RepairPlan, generator: Any) -> dict:
     if plan.reset_scheduler and sched_key is not None:
         del tree[sched_key]
         plan.notes.append(f"DCP: the scheduler entry {sched_key!r} was removed; do not load it (a new schedule starts)")
-    builder = _Builder(plan, generator)
+    builder = _Builder(plan, rng)
     return {key: builder.convert(value, (key,)) for key, value in tree.items()}
 
 
 class _Builder:
     """Reader values -> what dcp.save takes: tensors mapped (or edited per plan), records to torch."""
 
-    def __init__(self, plan: RepairPlan, generator: Any):
-        self.plan, self.generator = plan, generator
+    def __init__(self, plan: RepairPlan, rng: np.random.Generator):
+        self.plan, self.rng = plan, rng
         self.model_key = plan.ckpt.sections.get("model")
         self.optim_key = plan.ckpt.sections.get("optimizer")
 
@@ -118,7 +120,7 @@ class _Builder:
             edit = plan.moments.get((path[2], path[3]))
         if edit is None:
             return info.to_torch()  # a copy-on-write map of the source record
-        return edit.produce(plan.init, plan.std, self.generator)
+        return edit.produce_torch(plan.init, plan.std, self.rng)
 
 
 def _fqn(path: tuple) -> str:

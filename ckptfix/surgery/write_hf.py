@@ -14,6 +14,8 @@ import os
 import shutil
 from typing import Any, Callable
 
+import numpy as np
+
 from ckptfix.formats import safetensors_file, safetensors_save, torch_file, torch_save
 from ckptfix.io import atomic_file, atomic_folder, backup_path
 from ckptfix.surgery.plan import RepairPlan
@@ -23,33 +25,33 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "spiece.model", "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")
 
 
-def write_safetensors_file(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, generator: Any,
+def write_safetensors_file(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                            in_place: bool, progress: Any = None) -> str | None:
     """A single `.safetensors` (weights only); the record goes to `OUT.ckptfix.json`."""
     from ckptfix.surgery import record_json
 
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=plan.ckpt.path, backup=in_place) as f:
-        _write_safetensors(plan, plan.ckpt.path, f, generator)
+        _write_safetensors(plan, plan.ckpt.path, f, rng)
     with atomic_file(out + ".ckptfix.json") as f:
         f.write(record_json(record_fn()))
     return backup
 
 
-def _write_safetensors(plan: RepairPlan, source: str, f: Any, generator: Any) -> None:
+def _write_safetensors(plan: RepairPlan, source: str, f: Any, rng: np.random.Generator) -> None:
     tensors, metadata = safetensors_file.tensors(source)
     entries = []
     for name, t in sorted(tensors.items(), key=lambda kv: kv[1].locate().start):
         edit = plan.weights.get(plan.ckpt.tied.get(name, name))
         if edit is not None:
             entries.append(safetensors_save.Entry(name, t.dtype, edit.new_shape,
-                                                  produce=lambda e=edit: e.produce(plan.init, plan.std, generator)))
+                                                  produce=lambda e=edit: e.produce(plan.init, plan.std, rng)))
         else:
             entries.append(safetensors_save.Entry(name, t.dtype, t.shape, copy_from=t.locate()))
     safetensors_save.write(f, entries, metadata or None)
 
 
-def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, generator: Any,
+def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                     in_place: bool, progress: Any = None) -> str | None:
     from ckptfix.surgery import record_json
 
@@ -64,8 +66,8 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
             if os.path.isdir(src):
                 shutil.copytree(src, dst, symlinks=True)
             elif os.path.realpath(src) in {os.path.realpath(p) for p in edited_files}:
-                _rewrite_weights(plan, src, dst, generator)
-            elif not _rewrite_training_file(plan, name, src, dst, generator):
+                _rewrite_weights(plan, src, dst, rng)
+            elif not _rewrite_training_file(plan, name, src, dst, rng):
                 shutil.copy2(src, dst)
             if os.path.isfile(dst):  # a rewritten file keeps its source's permissions, like a copied one
                 shutil.copymode(src, dst)
@@ -76,25 +78,25 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
     return backup
 
 
-def _rewrite_weights(plan: RepairPlan, src: str, dst: str, generator: Any) -> None:
+def _rewrite_weights(plan: RepairPlan, src: str, dst: str, rng: np.random.Generator) -> None:
     with open(dst, "wb") as f:
         if src.endswith(".safetensors"):
-            _write_safetensors(plan, src, f, generator)
+            _write_safetensors(plan, src, f, rng)
         else:
-            _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_model(tree, plan, table))
+            _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_model(tree, plan, table))
 
 
-def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, generator: Any) -> bool:
+def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng: np.random.Generator) -> bool:
     """optimizer.pt / scheduler.pt / scaler.pt / config.json as the policy requires. False: copy as is."""
     if name in ("optimizer.pt", "scheduler.pt") and plan.reset_scheduler:
         return True  # both gone: the Trainer builds a fresh optimizer and schedule
     if name == "optimizer.pt" and (plan.moments or plan.drop_optimizer_state):
         with open(dst, "wb") as f:
-            _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_optimizer(tree, plan, table))
+            _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_optimizer(tree, plan, table))
         return True
     if name == "scaler.pt" and plan.reset_scaler:
         with open(dst, "wb") as f:
-            _rewrite_torch(src, f, plan, generator, lambda tree, table: edit_scaler(tree, plan))
+            _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
         return True
     if name == "config.json":
         with open(src, "rb") as f:
@@ -108,9 +110,9 @@ def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, gene
     return False
 
 
-def _rewrite_torch(src: str, f: Any, plan: RepairPlan, generator: Any, edit: Callable) -> None:
+def _rewrite_torch(src: str, f: Any, plan: RepairPlan, rng: np.random.Generator, edit: Callable) -> None:
     tree, locate_for, archive = torch_file.load(src, opaque=True)  # inert records are refused when written
-    table = StorageTable(tree, locate_for, archive, lambda e: e.output(plan.init, plan.std, generator))
+    table = StorageTable(tree, locate_for, archive, lambda e: e.output(plan.init, plan.std, rng))
     prefix = archive.prefix if archive is not None else "archive"
     torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix)
 

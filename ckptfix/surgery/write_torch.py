@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import numpy as np
+
 from ckptfix.errors import RepairError
 from ckptfix.formats import torch_file, torch_save
 from ckptfix.io import atomic_file, backup_path
@@ -52,7 +54,7 @@ def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
     return out
 
 
-def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, generator: Any,
+def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                            in_place: bool, progress: Any = None) -> str | None:
     """Stream the repaired checkpoint to `out` atomically. Returns the backup path when writing in place."""
     from ckptfix.surgery import record_json
@@ -61,7 +63,7 @@ def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], d
     # Opaque mode imports nothing either; an inert record (--trust-pickle) is then refused by name when
     # written ("cannot be written back"), not reported as an unsafe pickle the user already allowed.
     tree, locate_for, archive = torch_file.load(source, opaque=True)
-    produce = lambda edit: edit.output(plan.init, plan.std, generator)  # noqa: E731
+    produce = lambda edit: edit.output(plan.init, plan.std, rng)  # noqa: E731
     table = StorageTable(tree, locate_for, archive, produce)
     bare = plan.ckpt.sections.get("model") == ""
     new_tree = edited_tree(plan, tree, table)
