@@ -98,10 +98,7 @@ class _Pickler(pickle._Pickler):
     def persistent_id(self, obj: Any) -> Any:
         if isinstance(obj, StorageRef):
             self.storages.setdefault(obj.key, obj)
-            cls = _STORAGE_CLASS.get(obj.dtype)
-            if cls is None:
-                raise RepairError(f"cannot write storage {obj.key} of dtype {obj.dtype}")
-            return ("storage", _global("torch", cls), obj.key, obj.location, obj.numel)
+            return ("storage", _global("torch", _STORAGE_CLASS[obj.dtype]), obj.key, obj.location, obj.numel)
         return None
 
     def reducer_override(self, obj: Any) -> Any:
@@ -114,9 +111,6 @@ class _Pickler(pickle._Pickler):
                     (t.storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict()))
         if isinstance(obj, _Reduce):
             return obj.func, obj.args
-        if isinstance(obj, OpaqueObject):
-            raise RepairError(f"the checkpoint holds an object of class {obj.cls} that ckptfix read as an inert "
-                              "record; it cannot be written back")
         return NotImplemented
 
     def _save_named_global(self, obj: _Global) -> None:
@@ -140,7 +134,7 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
     directory), so `finish(tree)` can add values known only after the bytes are written (e.g. the
     source's sha256, hashed on another thread meanwhile). It must not add tensors.
     """
-    storages = _pickle(tree)[1]
+    storages = _storages_in(tree)
     zw = ZipWriter(out)
     members = {".format_version": b"1", ".storage_alignment": b"64", "byteorder": b"little"}
     members.update(extra_members or {})
@@ -192,6 +186,28 @@ class _Flush:
             self.thread.join()
         if self.error is not None and report:
             raise self.error
+
+
+def _storages_in(tree: Any) -> dict[str, StorageRef]:
+    """The storages `tree` pickles, in key order (torch numbers them in pickling order), found by a walk:
+    `data.pkl` is pickled once, last. What cannot be written is refused here, before a byte is copied."""
+    storages: dict[str, StorageRef] = {}
+    seen: set[int] = set()
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, TensorRef):
+            if node.storage.dtype not in _STORAGE_CLASS:
+                raise RepairError(f"cannot write storage {node.storage.key} of dtype {node.storage.dtype}")
+            storages.setdefault(node.storage.key, node.storage)
+        elif isinstance(node, OpaqueObject):
+            raise RepairError(f"the checkpoint holds an object of class {node.cls} that ckptfix read as an inert "
+                              "record; it cannot be written back")
+        elif isinstance(node, (dict, list, tuple, set, frozenset)) and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    order = sorted(storages, key=lambda k: (0, int(k), "") if k.isdigit() else (1, 0, k))
+    return {k: storages[k] for k in order}
 
 
 def _pickle(tree: Any) -> tuple[memoryview, dict[str, StorageRef]]:
