@@ -4,7 +4,7 @@
 
 For each size it builds a real LM training checkpoint (bench/lm.py: embedding + 8 blocks + untied
 head, AdamW exp_avg/exp_avg_sq/step, LambdaLR, GradScaler; the same ~400 tensors at every size)
-and a tokenizer.json 3 ids larger than the vocab, then measures (median of --repeats):
+and a tokenizer.json 3 ids larger than the vocab, then measures (median of --repeats, run round-robin):
 
   inspect (in-process)  ckptfix.inspect(path) in a Python process that already imported ckptfix,
                         vs torch.load(path, weights_only=True) (full read) and, for reference,
@@ -276,30 +276,34 @@ class Bench:
                 if q.exists():
                     q.unlink()
 
-    def timed(self, name: str, cmd, small_cmd, cold: bool, outputs: list[Path], keep: Path | None = None) -> dict:
-        """Run `cmd` --repeats times; returns medians and all samples. `keep`: save one output there."""
-        runs = []
+    def timed_interleaved(self, cmds: dict, cold: bool, keep: dict[str, Path]) -> dict[str, dict]:
+        """Run every command --repeats times, round-robin (one run of each per round: the machine's
+        drifting load hits all of them alike); medians and all samples per command. `keep`: name ->
+        where to save that command's first output (for the equality check)."""
+        runs: dict[str, list[dict]] = {name: [] for name in cmds}
         for i in range(self.args.repeats):
-            self._rm(*outputs)
-            os.sync()
-            if cold:
-                drop_caches()
-                self._rewarm(small_cmd)
-            elif i == 0 and self.src is not None:
-                warm_file(str(self.src))
-            r = run_measured(cmd)
-            if r["rc"] not in (0, 1):
-                raise RuntimeError(f"{name} failed (rc {r['rc']}): {' '.join(map(str, cmd))}\n{r['stderr']}")
-            runs.append(r)
-            if keep is not None and i == 0 and outputs and outputs[0].exists():
-                os.replace(outputs[0], keep)
-        self._rm(*outputs)
+            for name, (cmd, small_cmd, outputs) in cmds.items():
+                print(f"   [{'cold' if cold else 'warm'}] round {i + 1}: {name} ...", flush=True)
+                self._rm(*outputs)
+                os.sync()
+                if cold:
+                    drop_caches()
+                    self._rewarm(small_cmd)
+                elif self.src is not None:
+                    warm_file(str(self.src))
+                r = run_measured(cmd)
+                if r["rc"] not in (0, 1):
+                    raise RuntimeError(f"{name} failed (rc {r['rc']}): {' '.join(map(str, cmd))}\n{r['stderr']}")
+                runs[name].append(r)
+                if name in keep and i == 0 and outputs and outputs[0].exists():
+                    os.replace(outputs[0], keep[name])
+                self._rm(*outputs)
         os.sync()
-        return {"wall_s": median([r["wall_s"] for r in runs]),
-                "peak_rss_mb": max(r["peak_rss_kb"] for r in runs) / 1024,
-                "peak_anon_mb": max(r["peak_anon_kb"] for r in runs) / 1024,
-                "peak_file_mb": max(r["peak_file_kb"] for r in runs) / 1024,
-                "walls": [round(r["wall_s"], 4) for r in runs]}
+        return {name: {"wall_s": median([r["wall_s"] for r in rs]),
+                       "peak_rss_mb": max(r["peak_rss_kb"] for r in rs) / 1024,
+                       "peak_anon_mb": max(r["peak_anon_kb"] for r in rs) / 1024,
+                       "peak_file_mb": max(r["peak_file_kb"] for r in rs) / 1024,
+                       "walls": [round(r["wall_s"], 4) for r in rs]} for name, rs in runs.items()}
 
     def measure_size(self, size_gb: float) -> dict:
         work = self.work
@@ -351,12 +355,8 @@ class Bench:
             inproc = json.loads(res.stdout.strip().splitlines()[-1])
             m = {key: median(v) for key, v in inproc.items()}
             m["samples"] = inproc
-            for name, (cmd, small_cmd, outputs) in cmds.items():
-                print(f"   [{mode}] {name} ...", flush=True)
-                keep = None
-                if mode == self.modes[0] and name in ("repair", "naive"):
-                    keep = keep_repair if name == "repair" else keep_naive
-                m[name] = self.timed(name, cmd, small_cmd, cold, outputs, keep)
+            keep = {"repair": keep_repair, "naive": keep_naive} if mode == self.modes[0] else {}
+            m.update(self.timed_interleaved(cmds, cold, keep))
             result["modes"][mode] = m
         print("   comparing repair output with the naive script's ...", flush=True)
         res = subprocess.run(py("-m", "bench.run", "--_compare", str(keep_repair), str(keep_naive), str(info["vocab"])),

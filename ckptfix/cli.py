@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
-from typing import Iterable
+from typing import Any, Iterable
 
 import click
 
@@ -141,10 +142,23 @@ def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool) -> None
     sys.exit(report.exit_code)
 
 
+class _Terminated(BaseException):
+    """SIGTERM (a job scheduler's kill, `timeout`), raised like Ctrl-C so a write in progress removes
+    its temp file on the way out."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every CkptfixError becomes one line on stderr and exit code 2, never a traceback."""
+    previous = _install(signal.SIGTERM, _on_sigterm)
     try:
         cli.main(args=argv, prog_name="ckptfix", standalone_mode=False)
+    except _Terminated:
+        click.echo("ckptfix: terminated", err=True)
+        sys.exit(128 + signal.SIGTERM)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:  # usage errors
@@ -167,6 +181,17 @@ def main(argv: list[str] | None = None) -> None:
         click.echo(f"ckptfix: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
                    "(set CKPTFIX_DEBUG=1 for a traceback)", err=True)
         sys.exit(EXIT_INTERNAL)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _install(signum: int, handler: Any) -> Any:
+    """Set a signal handler where that is possible (only the main thread may); the previous one, or None."""
+    try:
+        return signal.signal(signum, handler)
+    except ValueError:
+        return None
 
 
 def _one_line(text: str) -> str:

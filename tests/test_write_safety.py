@@ -791,14 +791,16 @@ def test_folder_error_midway_leaves_nothing(inputs, tmp_path, spy_temp):
     assert os.listdir(out_dir) == []
 
 
-def test_sigint_during_write_cleans_up(inputs, tmp_path):
-    """Ctrl-C while the records are written: KeyboardInterrupt removes the temp file (click reports it as
-    an abort: exit 2, `ckptfix: aborted`)."""
+@pytest.mark.parametrize("sig, code, message", [(signal.SIGINT, 2, "ckptfix: aborted"),
+                                                  (signal.SIGTERM, 143, "ckptfix: terminated")])
+def test_sigint_or_sigterm_during_write_cleans_up(inputs, tmp_path, sig, code, message):
+    """Ctrl-C (click reports it as an abort: exit 2) or SIGTERM (a scheduler's kill, `timeout`: exit 143)
+    while the records are written: the temp file is removed on the way out."""
     out = tmp_path / "out.pth"
     fired, seen, proc = kill_when(cli(inputs["big"], "-t", inputs["tok"], "-o", out, "--init", "zeros"), out,
-                                  lambda s: s.tmp_bytes > 0, sig=signal.SIGINT)
+                                  lambda s: s.tmp_bytes > 0, sig=sig)
     assert fired and seen.tmp_bytes > 0
-    assert proc.returncode == 2 and proc.stderr.strip() == "ckptfix: aborted", (proc.returncode, proc.stderr)
+    assert proc.returncode == code and proc.stderr.strip() == message, (proc.returncode, proc.stderr)
     assert os.listdir(tmp_path) == [] and sha256(inputs["big"]) == inputs["big_sha"]
 
 
