@@ -182,9 +182,5 @@ def apply_plan(old: np.ndarray, plan: RowPlan, fill: np.ndarray) -> np.ndarray:
     return out
 
 
-def second_moment_key(key: str) -> bool:
-    return key in _SECOND_MOMENTS
-
-
 _WRITABLE_FLOATS = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 _SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "square_avg", "sum")
