@@ -18,19 +18,22 @@ RECORD_KEY = "ckptfix"
 Locator = Callable[[StorageRef], Callable[[], ByteRange]]
 
 
-def iter_tensor_refs(tree: Any) -> Iterator[TensorRef]:
-    """Every TensorRef in a tree, each container visited once (memo-shared pickles stay linear)."""
+def iter_leaves(tree: Any) -> Iterator[Any]:
+    """Every non-container value in a tree, each container visited once (memo-shared pickles stay linear)."""
     seen: set[int] = set()
     stack = [tree]
     while stack:
         node = stack.pop()
-        if isinstance(node, TensorRef):
+        if not isinstance(node, (dict, list, tuple, set, frozenset)):
             yield node
-        elif isinstance(node, (dict, list, tuple, set, frozenset)):
-            if id(node) in seen:
-                continue
+        elif id(node) not in seen:
             seen.add(id(node))
             stack.extend(node.values() if isinstance(node, dict) else node)
+
+
+def iter_tensor_refs(tree: Any) -> Iterator[TensorRef]:
+    """Every TensorRef in a tree."""
+    return (node for node in iter_leaves(tree) if isinstance(node, TensorRef))
 
 
 def is_state_dict(value: Any) -> bool:

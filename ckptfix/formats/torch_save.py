@@ -25,6 +25,7 @@ import numpy as np
 
 from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.errors import RepairError
+from ckptfix.formats.common import iter_leaves
 from ckptfix.formats.pickle_safe import OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype
 from ckptfix.formats.zipwriter import ZipWriter
 
@@ -192,10 +193,7 @@ def _storages_in(tree: Any) -> dict[str, StorageRef]:
     """The storages `tree` pickles, in key order (torch numbers them in pickling order), found by a walk:
     `data.pkl` is pickled once, last. What cannot be written is refused here, before a byte is copied."""
     storages: dict[str, StorageRef] = {}
-    seen: set[int] = set()
-    stack = [tree]
-    while stack:
-        node = stack.pop()
+    for node in iter_leaves(tree):
         if isinstance(node, TensorRef):
             if node.storage.dtype not in _STORAGE_CLASS:
                 raise RepairError(f"cannot write storage {node.storage.key} of dtype {node.storage.dtype}")
@@ -203,9 +201,6 @@ def _storages_in(tree: Any) -> dict[str, StorageRef]:
         elif isinstance(node, OpaqueObject):
             raise RepairError(f"the checkpoint holds an object of class {node.cls} that ckptfix read as an inert "
                               "record; it cannot be written back")
-        elif isinstance(node, (dict, list, tuple, set, frozenset)) and id(node) not in seen:
-            seen.add(id(node))
-            stack.extend(node.values() if isinstance(node, dict) else node)
     order = sorted(storages, key=lambda k: (0, int(k), "") if k.isdigit() else (1, 0, k))
     return {k: storages[k] for k in order}
 
