@@ -64,6 +64,9 @@ def test_column_stats_bounded_blocks_match_numpy_whole():
     mean, var = column_stats(rows, "float32")
     np.testing.assert_allclose(mean, rows.astype(np.float64).mean(0), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(var, rows.astype(np.float64).var(0), rtol=1e-9)
+    mean_only, no_var = column_stats(rows, "float32", variance=False)
+    assert no_var is None
+    np.testing.assert_array_equal(mean_only, mean)  # the same sums, widened inside the reduction
 
 
 def test_moment_bias_and_integer_rows():

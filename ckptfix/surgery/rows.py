@@ -120,25 +120,33 @@ def new_row_values(rows: np.ndarray, dtype: str, count: int, fill: str, std: flo
     if fill == "normal":
         values = rng.standard_normal((count, *width), dtype=np.float32) * np.float32(std)
     else:
-        mean, var = column_stats(rows, dtype)
+        noisy = fill == "mean" and rows.ndim > 1
+        mean, var = column_stats(rows, dtype, variance=noisy)
         values = np.broadcast_to(mean.astype(np.float32), (count, *width))
-        if fill == "mean" and rows.ndim > 1:
+        if noisy:
             scale = np.sqrt(var * COVARIANCE_SCALE).astype(np.float32)
             values = values + rng.standard_normal((count, *width), dtype=np.float32) * scale
     return narrow_to_stored(values, dtype)
 
 
-def column_stats(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+def column_stats(rows: np.ndarray, dtype: str, variance: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-column mean and (population) variance in float64, a bounded block of rows at a time: the
-    rows stay a view of the mapped file and at most ~16 MB is widened at once, whatever the dtype."""
+    rows stay a view of the mapped file and at most ~16 MB is widened at once, whatever the dtype.
+    `variance=False` (second-moment fills need only the mean) skips the squares: one pass, no copies."""
     flat_width = math.prod(rows.shape[1:])
-    total, squares = np.zeros(flat_width), np.zeros(flat_width)
+    total, squares = np.zeros(flat_width), np.zeros(flat_width) if variance else None
     step = max(1, (1 << 21) // max(1, flat_width))
     for lo in range(0, rows.shape[0], step):
-        block = widen_stored(rows[lo:lo + step], dtype).reshape(-1, flat_width).astype(np.float64)
+        block = widen_stored(rows[lo:lo + step], dtype).reshape(-1, flat_width)
+        if squares is None:
+            total += block.sum(axis=0, dtype=np.float64)  # widened inside the reduction, no float64 copy
+            continue
+        block = block.astype(np.float64)
         total += block.sum(axis=0)
         squares += np.einsum("ij,ij->j", block, block)
     mean = total / rows.shape[0]
+    if squares is None:
+        return mean.reshape(rows.shape[1:]), None
     var = np.maximum(squares / rows.shape[0] - mean * mean, 0.0)
     return mean.reshape(rows.shape[1:]), var.reshape(rows.shape[1:])
 
