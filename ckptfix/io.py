@@ -15,7 +15,8 @@ import os
 import shutil
 import tempfile
 import threading
-from typing import BinaryIO, Iterator
+import time
+from typing import BinaryIO, Callable, Iterator
 
 from ckptfix.errors import RepairError
 
@@ -190,6 +191,7 @@ def copy_range(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, size: int) 
             with contextlib.suppress(OSError):  # only a hint
                 os.posix_fadvise(dst_fd, dst_pos + done, n, os.POSIX_FADV_DONTNEED)
         done += n
+        _report_copied(src_fd, src_pos + done)
 
 
 def _copy_chunk(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, n: int) -> int:
@@ -208,8 +210,9 @@ def sha256_file(path: str, chunk: int = 1 << 24) -> str:
         return _sha256_of(f, chunk)
 
 
-def _sha256_of(f: BinaryIO, chunk: int = 1 << 24) -> str:
-    """Hashed from a read-only map of the file: no copy into a buffer (~15% faster than reads)."""
+def _sha256_of(f: BinaryIO, chunk: int = 1 << 24, before: Callable[[int], None] | None = None) -> str:
+    """Hashed from a read-only map of the file: no copy into a buffer (~15% faster than reads).
+    `before(end)` is called before each chunk ending at byte `end` is read (pacing, see BackgroundHash)."""
     h = hashlib.sha256()
     try:
         mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -222,6 +225,8 @@ def _sha256_of(f: BinaryIO, chunk: int = 1 << 24) -> str:
             mapped.madvise(mmap.MADV_SEQUENTIAL)
         with memoryview(mapped) as view:
             for pos in range(0, len(view), chunk):
+                if before is not None:
+                    before(min(pos + chunk, len(view)))
                 h.update(view[pos:pos + chunk])
     return h.hexdigest()
 
@@ -234,16 +239,45 @@ def folder_files(folder: str) -> list[str]:
     return sorted(f for f in out if os.path.isfile(os.path.join(folder, f)))
 
 
+# Hashes that pace themselves behind a copy of the same file (normally none, or the one of a running repair).
+_pacers: list["BackgroundHash"] = []
+
+
+def _report_copied(src_fd: int, end: int) -> None:
+    """A copy has read its source up to byte `end`: tell the hashes of that file."""
+    if not _pacers:
+        return
+    st = os.fstat(src_fd)
+    for pacer in list(_pacers):
+        pacer.copied((st.st_dev, st.st_ino), end)
+
+
 class BackgroundHash:
     """sha256 of the repair source computed on another thread while the main thread writes
     (hashlib drops the GIL). A folder's hash is the sha256 of its manifest: one line
     "<sha256>  <relative path>" per file, sorted, as `sha256sum` prints it.
 
     Files are opened here, before any write starts: an in-place repair replaces the name while the
-    thread may still be starting, and the open descriptors keep hashing the original bytes."""
+    thread may still be starting, and the open descriptors keep hashing the original bytes.
 
-    def __init__(self, path: str):
+    Paced (`paced=True`, for a single file the writer copies front to back): the hash stays at most
+    `lead` bytes ahead of the copy (`copy_range`) of the same file, from byte 0 on. Each source byte is
+    then read from disk once, by the copy, and found in the page cache by the hash; unpaced, the hash
+    (faster than a disk-bound copy) ran ahead, and for a checkpoint larger than memory its pages were
+    evicted before the copy reached them: read twice. Once the copy has started, waiting never outlasts
+    `stall` seconds without progress; `result()` (the writer is done) or `release()` ends all waiting.
+    Warm, the copy outruns the hash, which then never waits."""
+
+    def __init__(self, path: str, *, paced: bool = False, lead: int = 1 << 26, stall: float = 0.5,
+                 chunk: int = 1 << 24):
         self.path, self.value, self.error = path, None, None
+        self.lead, self.stall, self.chunk = lead, stall, chunk
+        self.position = 0  # in the current file: where the chunk being (or waiting to be) hashed ends
+        self._cond = threading.Condition()
+        self._paced_file: tuple[int, int] | None = None  # (st_dev, st_ino) of the file a copy will read
+        self._copied = 0  # the furthest byte of it the copy has read
+        self._last_report: float | None = None  # no copy progress yet: wait for it without a time limit
+        self._released = False
         self.files: list[tuple[str, BinaryIO]] = []
         try:
             names = folder_files(path) if os.path.isdir(path) else [""] if os.path.isfile(path) else []
@@ -251,23 +285,57 @@ class BackgroundHash:
         except OSError as exc:
             self.error = exc
         self.is_folder = os.path.isdir(path)
+        if paced and len(self.files) == 1:
+            st = os.fstat(self.files[0][1].fileno())
+            self._paced_file = (st.st_dev, st.st_ino)
+            _pacers.append(self)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
+
+    def copied(self, file_id: tuple[int, int], end: int) -> None:
+        if file_id != self._paced_file:
+            return
+        with self._cond:
+            self._copied = max(self._copied, end)
+            self._last_report = time.monotonic()
+            self._cond.notify_all()
+
+    def _pace(self, end: int) -> None:
+        """Wait while reading up to `end` would put the hash more than `lead` ahead of the copy."""
+        self.position = end
+        if self._paced_file is None:
+            return
+        with self._cond:
+            while not self._released and end > self._copied + self.lead:
+                if self._last_report is not None and time.monotonic() - self._last_report > self.stall:
+                    return
+                self._cond.wait(self.stall)
 
     def _run(self) -> None:
         try:
             digests = []
             for name, f in self.files:
                 with f:
-                    digests.append(f"{_sha256_of(f)}  {name}\n")
+                    digests.append(f"{_sha256_of(f, self.chunk, self._pace)}  {name}\n")
             if not self.files:
                 return
             manifest = "".join(digests).encode()
             self.value = hashlib.sha256(manifest).hexdigest() if self.is_folder else digests[0].split()[0]
         except OSError as exc:
             self.error = exc
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Stop pacing: the copy is over (or was never coming)."""
+        with self._cond:
+            self._released = True
+            self._cond.notify_all()
+        with contextlib.suppress(ValueError):
+            _pacers.remove(self)
 
     def result(self) -> str | None:
+        self.release()
         self.thread.join()
         return self.value
 

@@ -5,7 +5,8 @@
 - inspect (and a streamed repair that samples nothing) never imports torch;
 - the torch-free allowlist reader agrees with torch.load(weights_only=True) on every tensor;
 - a streamed repair equals the load-everything-and-torch.cat script, and torch.load(mmap=True) reads it;
-- inspect of a checkpoint with a 200 MB (sparse) data region stays fast and small.
+- inspect of a checkpoint with a 200 MB (sparse) data region stays fast and small;
+- the source hash of a repair paces itself behind the copy (a checkpoint larger than memory is read once).
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import ctypes
 import ctypes.util
 import json
 import os
+import hashlib
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +28,7 @@ import torch
 
 import ckptfix
 from ckptfix.checkpoint import TensorInfo, read_scalar, release_maps
+from ckptfix import io as ckio
 from ckptfix.formats import common, torch_file
 from ckpt_factory import new_run, save_checkpoint, train
 
@@ -445,3 +449,41 @@ def test_streamed_repair_of_megabyte_records_is_aligned_and_loads_with_mmap(tmp_
     assert len(big) == 9 and len(copied) == 3  # the middle layer and its moments; 6 resized (spliced) records
     for w in big:  # copied bytes keep their offset within a page
         assert after[w][0] % 4096 == before[w][0] % 4096, w
+
+
+def _settled(hasher, seconds=0.3):
+    last = -1
+    while last != hasher.position:
+        last = hasher.position
+        threading.Event().wait(seconds)
+    return last
+
+
+def test_source_hash_stays_within_its_lead_of_the_copy(tmp_path):
+    data = os.urandom(8 << 20)
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(data)
+    mb, chunk = 1 << 20, 1 << 18
+    with open(src, "rb") as s, open(dst, "wb") as d:
+        hasher = ckio.BackgroundHash(str(src), paced=True, lead=mb, stall=60.0, chunk=chunk)
+        assert _settled(hasher) == mb + chunk  # the lead hashed before any copy; waits to read the next chunk
+        ckio.copy_range(s.fileno(), d.fileno(), 0, 0, 2 * mb)
+        assert _settled(hasher) == 3 * mb + chunk
+        ckio.copy_range(s.fileno(), d.fileno(), 2 * mb, 2 * mb, 4 * mb)
+        assert _settled(hasher) == 7 * mb + chunk
+        assert hasher.result() == hashlib.sha256(data).hexdigest()  # the writer is done: it finishes
+    assert dst.read_bytes() == data[:6 * mb] and hasher not in ckio._pacers
+
+
+def test_source_hash_goes_on_when_the_copy_stalls_and_unpaced_never_waits(tmp_path):
+    data = os.urandom(4 << 20)
+    src, dst = tmp_path / "src.bin", tmp_path / "dst.bin"
+    src.write_bytes(data)
+    with open(src, "rb") as s, open(dst, "wb") as d:
+        hasher = ckio.BackgroundHash(str(src), paced=True, lead=1 << 18, stall=0.2, chunk=1 << 18)
+        ckio.copy_range(s.fileno(), d.fileno(), 0, 0, 1 << 18)
+        hasher.thread.join(10)  # no result() call: the copy stopped, and the stall timeout lets it finish
+    assert not hasher.thread.is_alive() and hasher.value == hashlib.sha256(data).hexdigest()
+    unpaced = ckio.BackgroundHash(str(src), chunk=1 << 18)
+    unpaced.thread.join(10)
+    assert unpaced.value == hashlib.sha256(data).hexdigest() and not ckio._pacers

@@ -128,12 +128,13 @@ class _Plain:
 
 def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSource], *,
           prefix: str = "archive", extra_members: dict[str, bytes] | None = None,
-          finish: Callable[[Any], Any] | None = None) -> None:
+          finish: Callable[[Any], Any] | None = None, order: Callable[[StorageRef], int] | None = None) -> None:
     """Write `tree` as a torch zip archive; `source_for` says where each storage's bytes come from.
 
     Records are written first and `data.pkl` last (readers find members through the central
     directory), so `finish(tree)` can add values known only after the bytes are written (e.g. the
-    source's sha256, hashed on another thread meanwhile). It must not add tensors.
+    source's sha256, hashed on another thread meanwhile). It must not add tensors. Records are written
+    sorted by `order` (e.g. their position in the source) where given, else in pickling order.
     """
     storages = _storages_in(tree)
     zw = ZipWriter(out)
@@ -141,7 +142,7 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
     members.update(extra_members or {})
     for name in (".format_version", ".storage_alignment", "byteorder"):
         zw.write_bytes(f"{prefix}/{name}", members.pop(name))
-    for key, storage in storages.items():
+    for key, storage in sorted(storages.items(), key=lambda item: order(item[1])) if order else storages.items():
         _write_storage(zw, f"{prefix}/data/{key}", storage, source_for(storage))
     flush = _Flush(out)  # the records go to disk while `finish` waits (e.g. for the source's hash)
     try:

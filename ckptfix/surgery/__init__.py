@@ -77,29 +77,33 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
     # so it runs while the checkpoint and tokenizer are read and planned, and then during the copy.
     writes = not dry_run and out is not None and (force or not os.path.lexists(os.fspath(out)))
-    hasher = BackgroundHash(source) if writes else None
-    ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
-    tok = load_tokenizer(tokenizer)
-    old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-    plan = make_plan(analyse(ckpt, tok), tok, old_tok, policy=policy, init=init, std=std,
-                     pad_to_multiple_of=pad_to_multiple_of)
-    if dry_run:
-        return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
-    if out is None:
-        raise RepairError("an output path is required (-o OUT), or --dry-run")
-    out = os.fspath(out)
-    in_place = same_file(source, out) or os.path.abspath(source) == os.path.abspath(out)
-    if os.path.lexists(out) and not force:
-        raise RepairError(f"{out}: already exists; pass --force to replace it"
-                          + (" (the original is kept as a .bak)" if in_place else ""))
-    if plan.is_noop():
-        return RepairResult(plan, None, False, build_record(plan, None),
-                            notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
-    writer = _writer_for(ckpt.format, ckpt.path)
-    hasher = hasher or BackgroundHash(source)
-    backup = writer(plan, out, lambda: build_record(plan, hasher.result()), rng=np.random.default_rng(seed),
-                    in_place=in_place, progress=progress)
-    return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
+    hasher = BackgroundHash(source, paced=os.path.isfile(source)) if writes else None
+    try:
+        ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
+        tok = load_tokenizer(tokenizer)
+        old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
+        plan = make_plan(analyse(ckpt, tok), tok, old_tok, policy=policy, init=init, std=std,
+                         pad_to_multiple_of=pad_to_multiple_of)
+        if dry_run:
+            return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
+        if out is None:
+            raise RepairError("an output path is required (-o OUT), or --dry-run")
+        out = os.fspath(out)
+        in_place = same_file(source, out) or os.path.abspath(source) == os.path.abspath(out)
+        if os.path.lexists(out) and not force:
+            raise RepairError(f"{out}: already exists; pass --force to replace it"
+                              + (" (the original is kept as a .bak)" if in_place else ""))
+        if plan.is_noop():
+            return RepairResult(plan, None, False, build_record(plan, None),
+                                notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
+        writer = _writer_for(ckpt.format, ckpt.path)
+        hasher = hasher or BackgroundHash(source, paced=os.path.isfile(source))  # `out` existed at the first check and is gone
+        backup = writer(plan, out, lambda: build_record(plan, hasher.result()), rng=np.random.default_rng(seed),
+                        in_place=in_place, progress=progress)
+        return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
+    finally:
+        if hasher is not None:  # stop it pacing itself behind a copy that is not coming
+            hasher.release()
 
 
 def _writer_for(fmt: str, path: str | None = None):

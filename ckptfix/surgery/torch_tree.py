@@ -24,6 +24,7 @@ class StorageTable:
         keys = [r.storage.key for r in iter_tensor_refs(tree)]
         self.next_key = max((int(k) for k in keys if k.isdigit()), default=-1) + 1
         self.new: dict[str, StorageSource] = {}
+        self.derived_from: dict[str, str] = {}  # an edited tensor's storage key -> its source storage key
 
     def new_tensor(self, old: TensorRef, edit: TensorEdit) -> TensorRef:
         key = str(self.next_key)
@@ -32,6 +33,7 @@ class StorageTable:
         numel = math.prod(shape)
         storage = StorageRef(key, old.dtype, old.storage.location, numel)
         self.new[key] = StorageSource(produce=lambda: self._produced(edit, old))
+        self.derived_from[key] = old.storage.key
         stride = contiguous_stride(tuple(shape))
         return TensorRef(storage, 0, tuple(shape), stride, old.dtype, old.requires_grad, old.is_parameter)
 
@@ -45,6 +47,14 @@ class StorageTable:
                     where.file, where.start, where.length) and info.file_size == where.length:
                 out.prefix_crc = info.CRC
         return out
+
+    def source_position(self, storage: StorageRef) -> int:
+        """Where the bytes an output storage comes from start in the source archive (0 if unknown). Writing
+        records in this order reads the source front to back (torch.save orders records by key as text,
+        "0", "1", "10", ..., not as they are pickled): sequential for the disk, and the source hash's pace."""
+        key = self.derived_from.get(storage.key, storage.key)
+        info = self.archive.members.get(f"{self.archive.prefix}/data/{key}") if self.archive is not None else None
+        return info.header_offset if info is not None else 0
 
     def source_for(self, storage: StorageRef) -> StorageSource:
         if storage.key in self.new:

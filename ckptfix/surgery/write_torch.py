@@ -75,7 +75,7 @@ def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], d
     version = archive.read_member("version") if archive is not None else None
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=source, backup=in_place) as f:
-        torch_save.write(f, new_tree, table.source_for, prefix=prefix,
+        torch_save.write(f, new_tree, table.source_for, prefix=prefix, order=table.source_position,
                          extra_members={"version": version} if version else None, finish=finish)
     if bare:
         with atomic_file(out + ".ckptfix.json") as f:
