@@ -29,6 +29,11 @@ Cache modes: "warm" (the checkpoint was read just before, so it is in the page c
 then the same command is run once untimed on a small checkpoint, so the interpreter and libraries
 are back in cache and only the big checkpoint's I/O is cold).
 
+And "tight" (checkpoints larger than memory, where 10-100 GB checkpoints live): cold, and every
+command runs in a memory cgroup limited to a quarter of the checkpoint (at least 384 MB), so the
+page cache cannot hold the file and dirty pages are written back as they are made. It needs a
+writable cgroup memory controller (v1 or v2); the naive script is expected to be killed there.
+
 Also: a scaling table (inspect time at ~500/2000/8000 tensors), and a check that the repaired
 checkpoint equals the naive script's output tensor by tensor.
 """
@@ -68,13 +73,16 @@ def _status(pid: int) -> dict[str, int]:
     return out
 
 
-def run_measured(cmd: list[str], *, stdout=subprocess.DEVNULL, env=None, interval: float = 0.005) -> dict:
-    """Run `cmd`; wall time (exact, from fork to reap), ru_maxrss, and sampled peak RssAnon/RssFile."""
+def run_measured(cmd: list[str], *, stdout=subprocess.DEVNULL, env=None, interval: float = 0.005,
+                 cgroup: "MemoryLimit | None" = None) -> dict:
+    """Run `cmd` (inside `cgroup` if given); wall time (exact, from fork to reap), ru_maxrss, and
+    sampled peak RssAnon/RssFile."""
     peaks = {"RssAnon": 0, "RssFile": 0, "VmHWM": 0}
     done = threading.Event()
     with tempfile.TemporaryFile("w+") as err:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=stdout, stderr=err, env=env, cwd=ROOT)
+        proc = subprocess.Popen(cmd, stdout=stdout, stderr=err, env=env, cwd=ROOT,
+                                preexec_fn=cgroup.enter if cgroup is not None else None)
 
         def sample() -> None:
             while not done.is_set():
@@ -94,6 +102,44 @@ def run_measured(cmd: list[str], *, stdout=subprocess.DEVNULL, env=None, interva
         stderr = err.read()
     return {"wall_s": wall, "rc": proc.returncode, "peak_rss_kb": usage.ru_maxrss,
             "peak_anon_kb": peaks["RssAnon"], "peak_file_kb": peaks["RssFile"], "stderr": stderr[-2000:]}
+
+
+class MemoryLimit:
+    """A memory cgroup (v1 or v2) whose limit covers page cache too: a checkpoint bigger than it behaves
+    like one bigger than the machine's memory. `MemoryLimit.create()` is None where cgroups are not writable."""
+
+    def __init__(self, path: Path, limit_file: str):
+        self.path, self.limit_file = path, limit_file
+
+    @classmethod
+    def create(cls, name: str = "ckptfix-bench") -> "MemoryLimit | None":
+        for root, limit_file in ((Path("/sys/fs/cgroup/memory"), "memory.limit_in_bytes"),
+                                 (Path("/sys/fs/cgroup"), "memory.max")):
+            try:
+                path = root / name
+                path.mkdir(exist_ok=True)
+                if (path / limit_file).exists() and (path / "cgroup.procs").exists():
+                    return cls(path, limit_file)
+                path.rmdir()
+            except OSError:
+                continue
+        return None
+
+    def set(self, limit_bytes: int) -> None:
+        (self.path / self.limit_file).write_text(str(limit_bytes))
+
+    def enter(self) -> None:  # in the child, between fork and exec
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def remove(self) -> None:
+        try:
+            self.path.rmdir()
+        except OSError:
+            pass
+
+
+def tight_limit(size_bytes: int) -> int:
+    return max(384 << 20, size_bytes // 4)
 
 
 def mem_available_mb() -> int:
@@ -276,7 +322,8 @@ class Bench:
                 if q.exists():
                     q.unlink()
 
-    def timed_interleaved(self, cmds: dict, cold: bool, keep: dict[str, Path]) -> dict[str, dict]:
+    def timed_interleaved(self, cmds: dict, cold: bool, keep: dict[str, Path],
+                          cgroup: MemoryLimit | None = None) -> dict[str, dict]:
         """Run every command --repeats times, round-robin (one run of each per round: the machine's
         drifting load hits all of them alike); medians and all samples per command. `keep`: name ->
         where to save that command's first output (for the equality check)."""
@@ -291,15 +338,17 @@ class Bench:
                     self._rewarm(small_cmd)
                 elif self.src is not None:
                     warm_file(str(self.src))
-                r = run_measured(cmd)
-                if r["rc"] not in (0, 1):
+                r = run_measured(cmd, cgroup=cgroup)
+                if cgroup is not None and r["rc"] in (-9, 137):
+                    r["killed"] = True  # over the memory limit (the naive script): kept as a result
+                elif r["rc"] not in (0, 1):
                     raise RuntimeError(f"{name} failed (rc {r['rc']}): {' '.join(map(str, cmd))}\n{r['stderr']}")
                 runs[name].append(r)
                 if name in keep and i == 0 and outputs and outputs[0].exists():
                     os.replace(outputs[0], keep[name])
                 self._rm(*outputs)
         os.sync()
-        return {name: {"wall_s": median([r["wall_s"] for r in rs]),
+        return {name: {"wall_s": median([r["wall_s"] for r in rs]), "killed": any(r.get("killed") for r in rs),
                        "peak_rss_mb": max(r["peak_rss_kb"] for r in rs) / 1024,
                        "peak_anon_mb": max(r["peak_anon_kb"] for r in rs) / 1024,
                        "peak_file_mb": max(r["peak_file_kb"] for r in rs) / 1024,
@@ -345,7 +394,13 @@ class Bench:
             "cp_fsync": (["sh", "-c", f"cp '{src}' '{out_cp}' && sync '{out_cp}'"], None, [out_cp]),
         }
         for mode in self.modes:
-            cold = mode == "cold"
+            cold = mode in ("cold", "tight")
+            if mode == "tight":  # no in-process torch.load here: it cannot fit; the commands alone
+                self.cgroup.set(tight_limit(size))
+                result["tight_limit_mb"] = tight_limit(size) >> 20
+                print(f"   [tight] memory limit {tight_limit(size) >> 20} MB", flush=True)
+                result["modes"][mode] = self.timed_interleaved(cmds, True, {}, self.cgroup)
+                continue
             print(f"   [{mode}] in-process inspect / torch.load ...", flush=True)
             if not cold:
                 warm_file(str(src))
@@ -358,12 +413,13 @@ class Bench:
             keep = {"repair": keep_repair, "naive": keep_naive} if mode == self.modes[0] else {}
             m.update(self.timed_interleaved(cmds, cold, keep))
             result["modes"][mode] = m
-        print("   comparing repair output with the naive script's ...", flush=True)
-        res = subprocess.run(py("-m", "bench.run", "--_compare", str(keep_repair), str(keep_naive), str(info["vocab"])),
-                             cwd=ROOT, check=True, capture_output=True, text=True)
-        result["equality"] = json.loads(res.stdout.strip().splitlines()[-1])
+        if keep_repair.exists() and keep_naive.exists():  # not with --cache tight alone: naive cannot run there
+            print("   comparing repair output with the naive script's ...", flush=True)
+            res = subprocess.run(py("-m", "bench.run", "--_compare", str(keep_repair), str(keep_naive),
+                                    str(info["vocab"])), cwd=ROOT, check=True, capture_output=True, text=True)
+            result["equality"] = json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"   equality: {'OK' if result['equality']['ok'] else 'MISMATCH'} {result['equality']}", flush=True)
         result["loadavg_after"] = os.getloadavg()
-        print(f"   equality: {'OK' if result['equality']['ok'] else 'MISMATCH'} {result['equality']}", flush=True)
         if not self.args.keep:
             self._rm(src, tok, keep_repair, keep_naive)
         os.sync()
@@ -439,46 +495,21 @@ def tables(results: dict) -> str:
     lines = []
     for mode in results["env"]["cache_modes"]:
         rows = [(r, r["modes"][mode]) for r in results["sizes"] if mode in r["modes"]]
-        lines.append(f"\n[{mode} cache] inspect  (medians of {results['repeats']} runs)")
-        lines.append(f"{'size GB':>8} {'tensors':>7} {'inspect':>9} {'torch.load':>10} {'speedup':>8} "
-                     f"{'load(mmap)':>10} {'inspect CLI':>11}")
-        lines.append(f"{'':>8} {'':>7} {'in-proc':>9} {'in-proc':>10} {'':>8} {'in-proc':>10} {'process':>11}")
-        for r, m in rows:
-            lines.append(f"{r['bytes'] / 1e9:8.2f} {r['config'].get('tensors', 0):7d} {m['inspect_s'] * 1e3:7.1f}ms "
-                         f"{m['torch_load_s']:9.2f}s {m['torch_load_s'] / m['inspect_s']:7.0f}x "
-                         f"{m['torch_load_mmap_s'] * 1e3:8.0f}ms {m['inspect_cli']['wall_s']:10.2f}s")
+        if mode == "tight":
+            limits = ", ".join(f"{r['bytes'] / 1e9:.2f} GB: {r.get('tight_limit_mb')} MB" for r, _ in rows)
+            lines.append(f"\n[tight: cold, in a memory cgroup of a quarter of the checkpoint ({limits})]")
+            lines.extend(f"{r['bytes'] / 1e9:8.2f} GB  inspect CLI {m['inspect_cli']['wall_s']:.2f}s" for r, m in rows)
+        lines.extend(_inspect_table(mode, rows, results["repeats"]) if mode != "tight" else [])
         lines.append(f"\n[{mode} cache] repair wall time  (processes; repair = --init zeros, like the naive script; "
-                     f"repair(mean) = the default init)")
-        lines.append(f"{'size GB':>8} {'repair':>7} {'repair':>7} {'naive':>7} {'cp':>6} {'cp+sync':>7} "
-                     f"{'repair/cp':>9} {'repair/':>8} {'mean/cp':>7} {'naive/cp':>8} {'| no-hash':>9} {'no-hash/':>9} "
-                     f"{'sha256':>7}")
-        lines.append(f"{'':>8} {'':>7} {'(mean)':>7} {'':>7} {'':>6} {'':>7} {'':>9} {'(cp+sync)':>8} {'':>7} {'':>8} "
-                     f"{'| repair':>9} {'(cp+sync)':>9} {'alone':>7}")
-        for r, m in rows:
-            cp, cps = m["cp"]["wall_s"], m["cp_fsync"]["wall_s"]
-            lines.append(f"{r['bytes'] / 1e9:8.2f} {m['repair']['wall_s']:6.2f}s {m['repair_mean']['wall_s']:6.2f}s "
-                         f"{m['naive']['wall_s']:6.2f}s {cp:5.2f}s {cps:6.2f}s {m['repair']['wall_s'] / cp:8.2f}x "
-                         f"{m['repair']['wall_s'] / cps:8.2f}x {m['repair_mean']['wall_s'] / cp:6.2f}x "
-                         f"{m['naive']['wall_s'] / cp:7.2f}x | {m['repair_nohash']['wall_s']:6.2f}s "
-                         f"{m['repair_nohash']['wall_s'] / cps:8.2f}x {m['sha256']['wall_s']:6.2f}s")
-        lines.append(f"\n[{mode} cache] repair memory  (peak anon = max sampled RssAnon; peak RSS = ru_maxrss, "
-                     f"includes mmap'd file pages)")
-        lines.append(f"{'size GB':>8} {'repair anon':>16} {'repair(mean) anon':>18} {'naive anon':>17} "
-                     f"{'repair RSS':>10} {'mean RSS':>9} {'naive RSS':>9}")
-        for r, m in rows:
-            def anon(k: str) -> str:
-                mb = m[k]["peak_anon_mb"]
-                return f"{mb:6.0f}MB {mb * 2**20 / r['bytes']:6.1%}"
-            lines.append(f"{r['bytes'] / 1e9:8.2f} {anon('repair'):>16} {anon('repair_mean'):>18} {anon('naive'):>17} "
-                         f"{m['repair']['peak_rss_mb']:8.0f}MB {m['repair_mean']['peak_rss_mb']:7.0f}MB "
-                         f"{m['naive']['peak_rss_mb']:7.0f}MB")
+                     f"repair(mean) = the default init; naive 'killed' = over the memory limit)")
+        lines.extend(_repair_tables(mode, rows))
     lines.append("\n[scaling: inspect vs number of tensors, warm cache]")
     lines.append(f"{'tensors':>8} {'file MB':>8} {'in-proc':>9} {'per tensor':>11} {'CLI':>7}")
     for s in results["scaling"]:
         lines.append(f"{s['tensors']:8d} {s['bytes'] / 1e6:8.1f} {s['inspect_s'] * 1e3:7.1f}ms "
                      f"{s['per_tensor_us']:9.1f}us {s['inspect_cli_s']:6.2f}s")
     lines.append("\n[repair output vs naive script output, tensor by tensor]")
-    for r in results["sizes"]:
+    for r in (r for r in results["sizes"] if "equality" in r):
         e = r["equality"]
         differ = sorted({w.rsplit("/", 1)[-1] for w in e["new_rows_differ"]})
         lines.append(f"{r['bytes'] / 1e9:6.2f} GB: {'OK' if e['ok'] else 'MISMATCH'}  {e['tensors']} tensors: "
@@ -492,22 +523,64 @@ def tables(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _inspect_table(mode: str, rows: list, repeats: int) -> list[str]:
+    lines = [f"\n[{mode} cache] inspect  (medians of {repeats} runs)",
+             f"{'size GB':>8} {'tensors':>7} {'inspect':>9} {'torch.load':>10} {'speedup':>8} "
+             f"{'load(mmap)':>10} {'inspect CLI':>11}",
+             f"{'':>8} {'':>7} {'in-proc':>9} {'in-proc':>10} {'':>8} {'in-proc':>10} {'process':>11}"]
+    for r, m in rows:
+        lines.append(f"{r['bytes'] / 1e9:8.2f} {r['config'].get('tensors', 0):7d} {m['inspect_s'] * 1e3:7.1f}ms "
+                     f"{m['torch_load_s']:9.2f}s {m['torch_load_s'] / m['inspect_s']:7.0f}x "
+                     f"{m['torch_load_mmap_s'] * 1e3:8.0f}ms {m['inspect_cli']['wall_s']:10.2f}s")
+    return lines
+
+
+def _repair_tables(mode: str, rows: list) -> list[str]:
+    lines = [f"{'size GB':>8} {'repair':>7} {'repair':>7} {'naive':>7} {'cp':>6} {'cp+sync':>7} "
+             f"{'repair/cp':>9} {'repair/':>8} {'mean/cp':>7} {'naive/cp':>8} {'| no-hash':>9} {'no-hash/':>9} "
+             f"{'sha256':>7}",
+             f"{'':>8} {'':>7} {'(mean)':>7} {'':>7} {'':>6} {'':>7} {'':>9} {'(cp+sync)':>8} {'':>7} {'':>8} "
+             f"{'| repair':>9} {'(cp+sync)':>9} {'alone':>7}"]
+    for r, m in rows:
+        cp, cps, naive = m["cp"]["wall_s"], m["cp_fsync"]["wall_s"], m["naive"]
+        naive_s, naive_x = ("killed", "-") if naive.get("killed") else (f"{naive['wall_s']:6.2f}s",
+                                                                       f"{naive['wall_s'] / cp:7.2f}x")
+        lines.append(f"{r['bytes'] / 1e9:8.2f} {m['repair']['wall_s']:6.2f}s {m['repair_mean']['wall_s']:6.2f}s "
+                     f"{naive_s:>7} {cp:5.2f}s {cps:6.2f}s {m['repair']['wall_s'] / cp:8.2f}x "
+                     f"{m['repair']['wall_s'] / cps:8.2f}x {m['repair_mean']['wall_s'] / cp:6.2f}x "
+                     f"{naive_x:>8} | {m['repair_nohash']['wall_s']:6.2f}s "
+                     f"{m['repair_nohash']['wall_s'] / cps:8.2f}x {m['sha256']['wall_s']:6.2f}s")
+    lines += [f"\n[{mode} cache] repair memory  (peak anon = max sampled RssAnon; peak RSS = ru_maxrss, "
+              f"includes mmap'd file pages)",
+              f"{'size GB':>8} {'repair anon':>16} {'repair(mean) anon':>18} {'naive anon':>17} "
+              f"{'repair RSS':>10} {'mean RSS':>9} {'naive RSS':>9}"]
+    for r, m in rows:
+        def anon(k: str) -> str:
+            mb = m[k]["peak_anon_mb"]
+            return f"{mb:6.0f}MB {mb * 2**20 / r['bytes']:6.1%}" + (" killed" if m[k].get("killed") else "")
+        lines.append(f"{r['bytes'] / 1e9:8.2f} {anon('repair'):>16} {anon('repair_mean'):>18} {anon('naive'):>17} "
+                     f"{m['repair']['peak_rss_mb']:8.0f}MB {m['repair_mean']['peak_rss_mb']:7.0f}MB "
+                     f"{m['naive']['peak_rss_mb']:7.0f}MB")
+    return lines
+
+
 def check_targets(results: dict) -> list[str]:
     out = []
     for mode in results["env"]["cache_modes"]:
         rows = [(r, r["modes"][mode]) for r in results["sizes"] if mode in r["modes"]]
         for r, m in rows:
             gb = r["bytes"] / 1e9
-            speed = m["torch_load_s"] / m["inspect_s"]
+            speed = m["torch_load_s"] / m["inspect_s"] if "inspect_s" in m else None
             anon = m["repair"]["peak_anon_mb"] * 2**20 / r["bytes"]
             anon_mean = m["repair_mean"]["peak_anon_mb"] * 2**20 / r["bytes"]
             rc, rcs = m["repair"]["wall_s"] / m["cp"]["wall_s"], m["repair"]["wall_s"] / m["cp_fsync"]["wall_s"]
-            out.append(f"{mode:4} {gb:5.2f} GB  inspect speedup {speed:6.0f}x (>= 50: {'PASS' if speed >= 50 else 'MISS'})  "
+            speedup = f"inspect speedup {speed:6.0f}x (>= 50: {'PASS' if speed >= 50 else 'MISS'})" if speed else "(no in-process inspect)"
+            out.append(f"{mode:5} {gb:5.2f} GB  {speedup}  "
                        f"inspect CLI {m['inspect_cli']['wall_s']:.2f}s (< 1 s: {'PASS' if m['inspect_cli']['wall_s'] < 1 else 'MISS'})  "
                        f"repair/cp {rc:.2f}x, repair/(cp+fsync) {rcs:.2f}x (<= 1.5: {'PASS' if rc <= 1.5 else 'MISS'}/"
                        f"{'PASS' if rcs <= 1.5 else 'MISS'})  repair anon {anon:.1%} (<= 25%: {'PASS' if anon <= 0.25 else 'MISS'}; "
                        f"default init {anon_mean:.1%}: {'PASS' if anon_mean <= 0.25 else 'MISS'})")
-        if len(rows) > 1:
+        if len(rows) > 1 and mode != "tight":
             ts = [m["inspect_s"] for _, m in rows]
             out.append(f"{mode:4} inspect flat across sizes: {min(ts) * 1e3:.1f}..{max(ts) * 1e3:.1f} ms "
                        f"(max/min {max(ts) / min(ts):.2f})")
@@ -527,7 +600,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--scaling", type=lambda s: [int(x) for x in s.split(",")], default=[500, 2000, 8000])
-    ap.add_argument("--cache", choices=["both", "warm", "cold"], default="both")
+    ap.add_argument("--cache", choices=["both", "all", "warm", "cold", "tight"], default="both",
+                    help="both = warm + cold; all = warm + cold + tight (larger than memory, needs cgroups)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "bench.json"))
     ap.add_argument("--workdir", default="/tmp/ckptfix-bench",
                     help="where the checkpoints are written (needs ~3.2x the largest size free)")
@@ -542,14 +616,16 @@ def main(argv: list[str] | None = None) -> None:
     free = shutil.disk_usage(work).free
     if free < need:
         sys.exit(f"need ~{need / 1e9:.0f} GB free in {work}, have {free / 1e9:.0f} GB")
-    modes = ["warm"] + (["cold"] if args.cache != "warm" and can_drop_caches() else [])
-    if args.cache == "cold":
-        modes = modes[1:] or modes
+    droppable = args.cache not in ("warm",) and can_drop_caches()
+    cgroup = MemoryLimit.create() if droppable and args.cache in ("all", "tight") else None
+    modes = ["warm"] + (["cold"] if droppable else []) + (["tight"] if cgroup is not None else [])
+    if args.cache in ("cold", "tight"):
+        modes = [m for m in modes if m == args.cache] or modes
     env = environment(modes)
     print(f"cache modes: {modes}; CLI: {' '.join(env['cli'])}; python start {env['python_start_s']:.2f}s, "
           f"`import torch` process {env['torch_import_process_s']:.2f}s; load {env['loadavg_start']}", flush=True)
     bench = Bench(args, work)
-    bench.modes, bench.src = modes, None
+    bench.modes, bench.src, bench.cgroup = modes, None, cgroup
     bench.setup_small()
     results = {"repeats": args.repeats, "env": env, "targets": TARGETS, "sizes": [], "notes": [
         "peak_rss_mb: ru_maxrss (anon + file-backed resident pages, so mmap'd checkpoint pages count)",
@@ -567,6 +643,8 @@ def main(argv: list[str] | None = None) -> None:
         print("\n== scaling ...", flush=True)
         results["scaling"] = bench.scaling()
     finally:
+        if cgroup is not None:
+            cgroup.remove()
         if not args.keep:  # only what the bench wrote: checkpoints, their outputs, tokenizers
             for p in [*work.glob("*.pth"), *work.glob("*.ckptfix.json"), *work.glob("*tok*.json")]:
                 p.unlink(missing_ok=True)
