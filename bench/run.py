@@ -1,6 +1,6 @@
 """ckptfix performance benchmark: inspect vs torch.load, repair vs the naive script vs cp.
 
-    python -m bench.run --sizes 0.5,2 --repeats 3 [--with-8gb] [--out bench/results/bench.json]
+    python -m bench.run --sizes 0.5,2 --repeats 3 [--with-8gb] [--cache all] [--out bench/results/bench.json]
 
 For each size it builds a real LM training checkpoint (bench/lm.py: embedding + 8 blocks + untied
 head, AdamW exp_avg/exp_avg_sq/step, LambdaLR, GradScaler; the same ~400 tensors at every size)
@@ -330,7 +330,8 @@ class Bench:
         runs: dict[str, list[dict]] = {name: [] for name in cmds}
         for i in range(self.args.repeats):
             for name, (cmd, small_cmd, outputs) in cmds.items():
-                print(f"   [{'cold' if cold else 'warm'}] round {i + 1}: {name} ...", flush=True)
+                mode = "tight" if cgroup is not None else "cold" if cold else "warm"
+                print(f"   [{mode}] round {i + 1}: {name} ...", flush=True)
                 self._rm(*outputs)
                 os.sync()
                 if cold:
