@@ -97,7 +97,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
             return RepairResult(plan, None, False, build_record(plan, None),
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
         writer = _writer_for(ckpt.format, ckpt.path)
-        hasher = hasher or BackgroundHash(source, paced=os.path.isfile(source))  # `out` existed at the first check and is gone
+        if hasher is None:  # `out` existed at the first check and is gone now
+            hasher = BackgroundHash(source, paced=os.path.isfile(source))
         backup = writer(plan, out, lambda: build_record(plan, hasher.result()), rng=np.random.default_rng(seed),
                         in_place=in_place, progress=progress)
         return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
