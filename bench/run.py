@@ -617,7 +617,7 @@ def main(argv: list[str] | None = None) -> None:
     free = shutil.disk_usage(work).free
     if free < need:
         sys.exit(f"need ~{need / 1e9:.0f} GB free in {work}, have {free / 1e9:.0f} GB")
-    droppable = args.cache not in ("warm",) and can_drop_caches()
+    droppable = args.cache != "warm" and can_drop_caches()
     cgroup = MemoryLimit.create() if droppable and args.cache in ("all", "tight") else None
     modes = ["warm"] + (["cold"] if droppable else []) + (["tight"] if cgroup is not None else [])
     if args.cache in ("cold", "tight"):
