@@ -395,7 +395,7 @@ class Bench:
             "cp_fsync": (["sh", "-c", f"cp '{src}' '{out_cp}' && sync '{out_cp}'"], None, [out_cp]),
         }
         for mode in self.modes:
-            cold = mode in ("cold", "tight")
+            cold = mode == "cold"
             if mode == "tight":  # no in-process torch.load here: it cannot fit; the commands alone
                 self.cgroup.set(tight_limit(size))
                 result["tight_limit_mb"] = tight_limit(size) >> 20
