@@ -77,7 +77,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
     # so it runs while the checkpoint and tokenizer are read and planned, and then during the copy.
     writes = not dry_run and out is not None and (force or not os.path.lexists(os.fspath(out)))
-    hasher = BackgroundHash(source, paced=os.path.isfile(source)) if writes else None
+    paced = os.path.isfile(source)  # a single file is copied front to back: the hash can follow it
+    hasher = BackgroundHash(source, paced=paced) if writes else None
     try:
         ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
         tok = load_tokenizer(tokenizer)
@@ -98,7 +99,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
         writer = _writer_for(ckpt.format, ckpt.path)
         if hasher is None:  # `out` existed at the first check and is gone now
-            hasher = BackgroundHash(source, paced=os.path.isfile(source))
+            hasher = BackgroundHash(source, paced=paced)
         backup = writer(plan, out, lambda: build_record(plan, hasher.result()), rng=np.random.default_rng(seed),
                         in_place=in_place, progress=progress)
         return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
