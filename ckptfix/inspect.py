@@ -192,8 +192,8 @@ def _plain(value: Any, depth: int, budget: list[int]) -> Any:
         return out
     if isinstance(value, (list, tuple, set, frozenset)):
         seq = list(value)
-        out = [_plain(v, depth + 1, budget) for v in seq[:20]]
-        return out + [f"... {len(seq) - 20} more"] if len(seq) > 20 else out
+        listed = [_plain(v, depth + 1, budget) for v in seq[:20]]
+        return listed + [f"... {len(seq) - 20} more"] if len(seq) > 20 else listed
     if isinstance(value, bytes):
         return f"<{len(value)} bytes>"
     return repr(value)[:80]

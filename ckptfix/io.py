@@ -233,7 +233,7 @@ def _sha256_of(f: BinaryIO, chunk: int = 1 << 24, before: Callable[[int], None] 
 
 def folder_files(folder: str) -> list[str]:
     """Every regular file under `folder`, as sorted relative paths."""
-    out = []
+    out: list[str] = []
     for root, _, names in os.walk(folder):
         out.extend(os.path.relpath(os.path.join(root, n), folder) for n in names)
     return sorted(f for f in out if os.path.isfile(os.path.join(folder, f)))
@@ -270,7 +270,9 @@ class BackgroundHash:
 
     def __init__(self, path: str, *, paced: bool = False, lead: int = 1 << 26, stall: float = 0.5,
                  chunk: int = 1 << 24):
-        self.path, self.value, self.error = path, None, None
+        self.path = path
+        self.value: str | None = None
+        self.error: OSError | None = None
         self.lead, self.stall, self.chunk = lead, stall, chunk
         self.position = 0  # in the current file: where the chunk being (or waiting to be) hashed ends
         self._cond = threading.Condition()

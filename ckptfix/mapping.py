@@ -49,6 +49,7 @@ def _fits(shape: tuple[int, ...] | None, param: TensorInfo, tolerant: bool) -> b
 
 
 def _consistent(ckpt: Checkpoint, pairs: list[tuple[Any, str]]) -> bool:
+    assert ckpt.optimizer is not None
     state = ckpt.optimizer.state
     # Row-count differences are allowed (they are the findings we look for) but not everywhere.
     exact = sum(moment_shape(state.get(i)) in (None, ckpt.model[n].shape) for i, n in pairs)
@@ -81,6 +82,7 @@ def map_optimizer(ckpt: Checkpoint) -> ParamMapping:
 
 
 def _hf_groups(ckpt: Checkpoint, params: list[str]) -> dict[Any, str] | None:
+    assert ckpt.optimizer is not None
     groups = ckpt.optimizer.groups
     if len(groups) != 2:
         return None
@@ -96,6 +98,7 @@ def _align(ckpt: Checkpoint, indices: list[Any], params: list[str]) -> dict[Any,
     """Frozen parameters are left out of the optimizer: match indices to params in order by shape."""
     if len(indices) >= len(params):
         return None
+    assert ckpt.optimizer is not None
     out, j = {}, 0
     for i in indices:
         shape = moment_shape(ckpt.optimizer.state.get(i))
@@ -112,6 +115,7 @@ def _by_unique_shape(ckpt: Checkpoint, indices: list[Any], params: list[str]) ->
     by_shape: dict[tuple, list[str]] = {}
     for n in params:
         by_shape.setdefault(ckpt.model[n].shape, []).append(n)
+    assert ckpt.optimizer is not None
     out = {}
     for i in indices:
         shape = moment_shape(ckpt.optimizer.state.get(i))

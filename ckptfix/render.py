@@ -81,8 +81,8 @@ def _optimizer(o: dict | None) -> str:
     if o is None:
         return "none saved"
     groups = "; ".join(_group(g) for g in o["param_groups"][:4])
-    step = o["step"] if isinstance(o["step"], list) else [o["step"]]
-    step = ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in step) or "none"
+    steps = o["step"] if isinstance(o["step"], list) else [o["step"]]
+    step = ", ".join(f"{x:g}" if isinstance(x, float) else str(x) for x in steps) or "none"
     return (f"{o['type']}, {len(o['param_groups'])} group(s) [{groups}], {o['params']} params "
             f"({o['params_with_state']} with state: {', '.join(o['state_keys']) or 'none'}), step {step}, "
             f"mapped by {_MAPPING.get(o['mapping'], o['mapping'])}, {_size(o['state_bytes'])}")

@@ -173,7 +173,7 @@ def _config_added_tokens(folder: Path, config: dict, legacy: bool) -> list[tuple
             ok = key.isascii() and key.isdigit() and content is not None
             _require(ok, where, f"bad added_tokens_decoder entry {key!r}")
             special = bool(token.get("special", False)) if isinstance(token, dict) else False
-            entries.append((int(key), content, special))
+            entries.append((int(key), str(content), special))
     else:
         table = _read_optional_json(folder / "added_tokens.json")
         for content, token_id in table.items():

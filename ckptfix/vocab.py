@@ -103,6 +103,7 @@ def _attach_moments(ckpt: Checkpoint, mapping: ParamMapping, found: dict[str, Vo
 
 def _attach(ckpt: Checkpoint, vt: VocabTensor, index) -> None:
     vt.optimizer_index = index
+    assert ckpt.optimizer is not None
     ps = ckpt.optimizer.state.get(index)
     if ps is not None:
         vt.moments = {k: t for k, t in ps.tensors.items() if t.shape and len(t.shape) == len(vt.shape)}
@@ -115,6 +116,7 @@ def _attach_by_shape(ckpt: Checkpoint, mapping: ParamMapping, unmatched: list[Vo
     every one of those moments follows the same row moves whichever tensor it belongs to."""
     from ckptfix.mapping import moment_shape
 
+    assert ckpt.optimizer is not None
     free = [i for i in ckpt.optimizer.indices() if i not in mapping.names]
     groups: dict[tuple, list[VocabTensor]] = {}
     for vt in unmatched:

@@ -82,7 +82,7 @@ def finding(code: str, message: str, *, severity: str | None = None, pytorch: st
 
 def run_checks(ctx: Context) -> list[Finding]:
     _load_check_modules()
-    findings = []
+    findings: list[Finding] = []
     for spec in sorted(REGISTRY.values(), key=lambda c: c.code):
         findings.extend(spec.func(ctx))
     order = {s: i for i, s in enumerate(SEVERITIES)}

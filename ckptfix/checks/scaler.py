@@ -15,7 +15,7 @@ def scaler_scale(ctx: Context) -> float | None:
     if hasattr(scale, "read"):  # a tensor scale (some wrappers save it as one)
         from ckptfix.checkpoint import read_scalar
 
-        scale = read_scalar(scale)
+        scale = read_scalar(scale)  # type: ignore[arg-type]  # a TensorInfo: it has .read
     return float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None
 
 

@@ -114,7 +114,8 @@ def read_metadata(path: str) -> tuple[dict[str, Item], str | None]:
     md = state.get("state_dict_metadata")
     if not isinstance(md, dict):
         raise UnreadableCheckpoint(f"{file}: Metadata without state_dict_metadata")
-    planner = state.get("planner_data") if isinstance(state.get("planner_data"), dict) else {}
+    planner_data = state.get("planner_data")
+    planner = planner_data if isinstance(planner_data, dict) else {}
     items = {}
     for fqn, entry in md.items():
         path_keys = planner.get(fqn)
@@ -197,7 +198,7 @@ def _guess_path(fqn: str) -> tuple:
 def _tree(path: str, items: dict[str, Item], ckpt: Checkpoint, trust_pickle: bool) -> dict:
     """The state dict as saved (nested by planner paths): tensors lazy, small objects unpickled."""
     root: dict = {}
-    pending = []
+    pending: list[Any] = []
     for item in items.values():
         value = _tensor(path, item, pending) if item.is_tensor else _object(path, item, trust_pickle)
         _insert(root, item.path, value)

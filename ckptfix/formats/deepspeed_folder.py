@@ -154,7 +154,7 @@ def _zero_optimizer(ckpt: Checkpoint, model_tree: Mapping, files: list[str], tru
             state.update(_views(flat_state, offsets, names[g], first, ckpt.files["optimizer"]))
             if stage == 3:
                 ckpt.model.update(_master_weights(flat, offsets, names[g], first["locate_for"]))
-    kind_probe = {g: ParamState(tensors={k: v for k, v in s.items() if isinstance(v, TensorRef)})
+    kind_probe = {g: ParamState(tensors={k: v for k, v in s.items() if isinstance(v, TensorRef)})  # type: ignore[misc]
                   for g, s in first["state"].items() if isinstance(s, Mapping)}
     ckpt.optimizer = OptimizerState(kind=common.infer_kind(kind_probe, groups), groups=groups, state=state)
     ckpt.sections["optimizer"] = os.path.basename(files[0]) + ": optimizer_state_dict"

@@ -231,6 +231,8 @@ def _rebuild_from_type(func, new_type, args, state):
 
 class _StorageType(_Record):
     __slots__ = ("name", "dtype")
+    name: str
+    dtype: str
 
     def __init__(self, name: str):
         object.__setattr__(self, "name", name)
@@ -247,6 +249,7 @@ class _Function(_Record):
     """An allowlisted function, wrapped: BUILD on a bare function could rewrite its __defaults__."""
 
     __slots__ = ("fn",)
+    fn: Any
 
     def __init__(self, fn: Any):
         object.__setattr__(self, "fn", fn)
@@ -586,12 +589,14 @@ def _check_tree(tree: Any, origin: str) -> None:
 
 def globals_in_pickle(data: bytes) -> list[str]:
     """List every global a pickle would import, by reading its opcodes (nothing is executed)."""
-    found, strings, memo = [], [], {}
+    found: list[str] = []
+    strings: list[str] = []
+    memo: dict[Any, str] = {}
     try:
         for opcode, arg, _ in pickletools.genops(data):
             name = opcode.name
             if name in ("GLOBAL", "INST"):
-                found.append(arg.replace(" ", "."))
+                found.append(str(arg).replace(" ", "."))
             elif name == "STACK_GLOBAL" and len(strings) >= 2:
                 found.append(f"{strings[-2]}.{strings[-1]}")
             elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",

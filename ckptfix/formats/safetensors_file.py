@@ -89,7 +89,7 @@ def _check_layout(path: str, header: dict, data_len: int) -> None:
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has {end - begin} bytes for shape {shape} {entry['dtype']}")
         spans.append((begin, end, name))
     spans.sort()
-    for (b1, e1, n1), (b2, e2, n2) in zip(spans, spans[1:]):
+    for (_b1, e1, n1), (b2, _e2, n2) in zip(spans, spans[1:]):
         if b2 < e1:
             raise UnreadableCheckpoint(f"{path}: tensors {n1!r:.80} and {n2!r:.80} overlap in the data section")
 
@@ -102,7 +102,8 @@ def tensors(path: str, prefix_id: str = "") -> tuple[dict[str, TensorInfo], dict
         begin, end = entry["data_offsets"]
         where = ByteRange(path, start + begin, end - begin)
         out[name] = TensorInfo(name=name, shape=tuple(entry["shape"]), dtype=DTYPES[entry["dtype"]],
-                               locate=lambda where=where: where, storage_id=f"{prefix_id}{path}:{begin}")
+                               locate=lambda where=where: where,  # type: ignore[misc]
+                               storage_id=f"{prefix_id}{path}:{begin}")
     return out, metadata
 
 

@@ -47,6 +47,7 @@ def write(out: BinaryIO, entries: list[Entry], metadata: dict[str, str] | None =
                 raise RepairError(f"{e.name}: produced {len(data)} bytes, expected {e.nbytes}")
             out.write(data)
         else:
+            assert e.copy_from is not None  # an Entry has a producer or a source range
             _copy_range(out, e.copy_from, e.nbytes)
 
 

@@ -23,7 +23,7 @@ from ckptfix.formats.pickle_safe import StorageRef, load_pickle
 try:
     from lzma import LZMAError as _LZMAError
 except ImportError:  # pragma: no cover - Python built without lzma
-    _LZMAError = OSError
+    _LZMAError = OSError  # type: ignore[misc, assignment]
 
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -149,7 +149,7 @@ def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, Torch
     kind = sniff(head)
     if kind == "torch-zip":
         archive = open_archive(path)
-        tree = load_pickle(archive.read_member("data.pkl"), path, opaque=opaque)
+        tree = load_pickle(archive.read_member("data.pkl") or b"", path, opaque=opaque)
         return tree, lambda storage: (lambda: archive.record_range(storage.key)), archive
     if kind == "torch-legacy":
         tree, ranges = _load_legacy(path, opaque)
@@ -198,10 +198,10 @@ class _PickleStream:
         buf.seek(self.pos)
         # Find where this pickle ends without building it, then unpickle just that slice safely.
         try:
-            end = self.pos
+            end: int = self.pos
             for op, _, at in pickletools.genops(buf):
                 if op.name == "STOP":
-                    end = at + 1
+                    end = at + 1  # type: ignore[operator]  # BytesIO always has a position
                     break
         except Exception:
             raise UnreadableCheckpoint(f"{origin}: corrupt pickle stream") from None

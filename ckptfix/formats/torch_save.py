@@ -115,10 +115,10 @@ class _Pickler(pickle._Pickler):
         return NotImplemented
 
     def _save_named_global(self, obj: _Global) -> None:
-        self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))
-        self.memoize(obj)
+        self.write(pickle.GLOBAL + f"{obj.module}\n{obj.name}\n".encode("utf-8"))  # type: ignore[attr-defined]
+        self.memoize(obj)  # type: ignore[attr-defined]
 
-    dispatch[_Global] = _save_named_global
+    dispatch[_Global] = _save_named_global  # type: ignore[assignment]
 
 
 @dataclass
@@ -235,15 +235,16 @@ def _with_torch_values(node: Any, memo: dict[int, Any]) -> Any:
     if id(node) in memo:
         return memo[id(node)]
     if isinstance(node, dict):
-        out = type(node)() if type(node) in (dict, collections.OrderedDict) else dict()
-        memo[id(node)] = out
+        mapping = type(node)() if type(node) in (dict, collections.OrderedDict) else dict()
+        memo[id(node)] = mapping
         for k, v in node.items():
-            out[k] = _with_torch_values(v, memo)
-        return out
+            mapping[k] = _with_torch_values(v, memo)
+        return mapping
     if isinstance(node, list):  # a list may contain itself: register it before filling it
-        out = memo[id(node)] = []
-        out.extend(_with_torch_values(v, memo) for v in node)
-        return out
+        seq: list[Any] = []
+        memo[id(node)] = seq
+        seq.extend(_with_torch_values(v, memo) for v in node)
+        return seq
     items = [_with_torch_values(v, memo) for v in node]
     out = type(node)(items)
     memo[id(node)] = out
@@ -263,6 +264,7 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
             raise RepairError(f"storage {storage.key}: produced {len(data)} bytes, expected {storage.nbytes}")
         zw.write_bytes(name, data)
         return
+    assert source.copy_from is not None  # a StorageSource has a producer or a source range
     where = source.copy_from()
     if where.length < storage.nbytes:
         raise RepairError(f"source record for storage {storage.key} is shorter than the storage")
@@ -296,7 +298,7 @@ def _crc_of(where: ByteRange, length: int) -> int:
 def _tensor_bytes(tensor: Any) -> memoryview:
     """The raw bytes of a torch tensor (made contiguous), a numpy array or a bytes-like object."""
     if isinstance(tensor, np.ndarray):
-        return memoryview(np.ascontiguousarray(tensor).reshape(-1).view(np.uint8))
+        return memoryview(np.ascontiguousarray(tensor).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
     if isinstance(tensor, (bytes, bytearray, memoryview)):
         return memoryview(tensor).cast("B")
     import torch

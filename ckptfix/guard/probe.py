@@ -216,7 +216,7 @@ class StepProbe:
         zero, for no such known reason, on every probed step; see `_window_summary`.
         """
         with_grad = {n: p for n, p in trainable.items() if p.grad is not None}
-        nonzero = {n for n, p in with_grad.items() if bool(_dense(p.grad).any())}
+        nonzero = {n for n, p in with_grad.items() if p.grad is not None and bool(_dense(p.grad).any())}
         params = named_params(self.model)
         unexplained = {n for n in with_grad
                        if n not in nonzero and not _lora_a_zero_expected(n, params)}

@@ -748,7 +748,7 @@ class ResumeGuard:
         """CKF824: the tokenizer needs more rows than the embedding has."""
         size = self._tokenizer_size()
         found = self._embedding() if size is not None else None
-        if found is None or size <= found[1].shape[0]:
+        if found is None or size is None or size <= found[1].shape[0]:
             return []
         name, weight = found
         rows = weight.shape[0]
@@ -807,7 +807,8 @@ class ResumeGuard:
         problems = self._key_problems(ckpt, key_map, live, "error" if strict else "warning")
         vocab_names = {v.name for v in analysis.vocab}
         vocab_names |= {alias for alias, owner in ckpt.tied.items() if owner in vocab_names}
-        vocab_diff, other_diff = [], []
+        vocab_diff: list[str] = []
+        other_diff: list[str] = []
         for cname, lname in key_map.items():
             if tuple(ckpt.model[cname].shape) != tuple(live[lname].shape):
                 (vocab_diff if cname in vocab_names else other_diff).append(cname)
@@ -936,7 +937,8 @@ class ResumeGuard:
         if names is not None:
             live = self._live_state()
             position = {id(p): i for i, p in enumerate(live_params)}
-            assign, unresolved = {}, []
+            assign: dict[Any, Any] = {}
+            unresolved: list[Any] = []
             for ci, cname in zip(cidx, names):
                 tensor = live.get(model_side.key_map.get(cname, cname))
                 pos = position.get(id(tensor)) if tensor is not None else None

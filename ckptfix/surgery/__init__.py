@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from ckptfix.errors import RepairError
-from ckptfix.inspect import analyse
 from ckptfix.formats import read_checkpoint
+from ckptfix.inspect import analyse
 from ckptfix.io import BackgroundHash, same_file
 from ckptfix.surgery.plan import RepairPlan, make_plan
 

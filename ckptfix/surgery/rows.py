@@ -123,7 +123,7 @@ def new_row_values(rows: np.ndarray, dtype: str, count: int, fill: str, std: flo
         noisy = fill == "mean" and rows.ndim > 1
         mean, var = column_stats(rows, dtype, variance=noisy)
         values = np.broadcast_to(mean.astype(np.float32), (count, *width))
-        if noisy:
+        if noisy and var is not None:
             scale = np.sqrt(var * COVARIANCE_SCALE).astype(np.float32)
             values = values + rng.standard_normal((count, *width), dtype=np.float32) * scale
     return narrow_to_stored(values, dtype)

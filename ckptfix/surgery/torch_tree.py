@@ -69,7 +69,7 @@ class StorageTable:
 def edit_model(state: Any, plan: RepairPlan, table: StorageTable, prefix: str = "") -> Any:
     """A copy of a model state_dict with edited tensors replaced; tied aliases share the new tensor."""
     replaced: dict[str, TensorRef] = {}
-    out = type(state)() if isinstance(state, collections.OrderedDict) else {}
+    out: Any = type(state)() if isinstance(state, collections.OrderedDict) else {}
     for key, value in state.items():
         name = f"{prefix}{key}"
         owner = plan.ckpt.tied.get(name, name)

@@ -64,7 +64,7 @@ def repaired_state(plan: RepairPlan, rng: np.random.Generator) -> dict:
     tree = dcp_folder._tree(ckpt.path, items, Checkpoint(path=ckpt.path, format="dcp"), trust_pickle=True)
     optim_key, sched_key = ckpt.sections.get("optimizer"), ckpt.sections.get("scheduler")
     if optim_key is not None and isinstance(tree.get(optim_key), dict):
-        tree[optim_key] = edit_optimizer(tree[optim_key], plan, None)  # groups per policy; state dropped if so
+        tree[optim_key] = edit_optimizer(tree[optim_key], plan, None)  # type: ignore[arg-type]  # groups per policy; state dropped if so
         if plan.drop_optimizer_state:
             plan.notes.append(
                 f"DCP: the optimizer entry {optim_key!r} keeps param_groups but no state; dcp.load of a "

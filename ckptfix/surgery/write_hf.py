@@ -45,7 +45,7 @@ def _write_safetensors(plan: RepairPlan, source: str, f: Any, rng: np.random.Gen
         edit = plan.weights.get(plan.ckpt.tied.get(name, name))
         if edit is not None:
             entries.append(safetensors_save.Entry(name, t.dtype, edit.new_shape,
-                                                  produce=lambda e=edit: e.produce(plan.init, plan.std, rng)))
+                                                  produce=lambda e=edit: e.produce(plan.init, plan.std, rng)))  # type: ignore[misc]
         else:
             entries.append(safetensors_save.Entry(name, t.dtype, t.shape, copy_from=t.locate()))
     safetensors_save.write(f, entries, metadata or None)
