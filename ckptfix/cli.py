@@ -79,7 +79,9 @@ def inspect(checkpoint: str, tokenizer: str | None, as_json: bool, scan: bool, v
 @click.option("--init", "init", type=click.Choice(["mean", "zeros", "normal"]), default="mean", show_default=True,
               help="New rows: mean (HF mean_resizing), zeros, or normal with --std.")
 @click.option("--std", type=float, default=0.02, show_default=True, help="Standard deviation for --init normal.")
-@click.option("--pad-to-multiple-of", type=click.IntRange(min=1), help="Round the row count up (e.g. 64 or 128).")
+@click.option("--pad-to", "--pad-to-multiple-of", "pad_to_multiple_of", type=click.IntRange(min=1),
+              help="Round the row count up to a multiple of N (1: one row per token). Default: keep rows that "
+              "already fit, else the padding the checkpoint had against --from-tokenizer, else one per token.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for sampled new rows.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (if OUT is the input, a .bak is kept).")
@@ -95,7 +97,7 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
       ckptfix repair ckpt.pth --tokenizer tok.model -o ckpt.fixed.pth
       ckptfix repair ckpt.pth -t new/tokenizer.json --from-tokenizer old/tokenizer.json -o fixed.pth
       ckptfix repair output/checkpoint-500 -t new_tok/ -o output/checkpoint-500-fixed --policy fresh
-      ckptfix repair ckpt.pth -t tok.model --pad-to-multiple-of 64 --dry-run
+      ckptfix repair ckpt.pth -t tok.model --pad-to 64 --dry-run
     """
     from ckptfix.surgery import repair as run_repair
 

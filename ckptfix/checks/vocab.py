@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
-from ckptfix.vocab import padding_multiple
+from ckptfix.fit import Fit, config_vocab_size, fit_rows
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
                 "{tokens} tokens, even with strict=False; Optimizer.load_state_dict would accept the "
@@ -36,14 +36,21 @@ def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
         fix=ctx.repair_command(), tensors=[v.name for v in short])
 
 
+def _fits(ctx: Context, verdicts: tuple[str, ...]) -> list[tuple[object, Fit]]:
+    """Vocab tensors with more rows than the tokenizer whose fit is one of `verdicts`."""
+    config_vocab = config_vocab_size(ctx.ckpt.extras.get("config"))
+    fits = [(v, fit_rows(v.rows, ctx.tokenizer.size, config_vocab)) for v in _mismatched(ctx, smaller=False)]
+    return [(v, f) for v, f in fits if f.verdict in verdicts]
+
+
 @check("CKF102", "error", "vocab rows more than the tokenizer",
-       "Embedding/head rows > tokenizer size and not a padding multiple: the model code and checkpoint disagree.")
+       "Embedding/head rows > tokenizer size, neither padding to the next multiple of 8..256, nor a round "
+       "multiple of 64 a little above it, nor the config's vocab_size: the model code and checkpoint disagree.")
 def rows_above_tokenizer(ctx: Context) -> Iterator[Finding]:
-    size = ctx.tokenizer.size if ctx.tokenizer else 0
-    extra = [v for v in _mismatched(ctx, smaller=False) if padding_multiple(v.rows, size) is None]
+    extra = [v for v, _ in _fits(ctx, ("too-many",))]
     if not extra:
         return
-    rows = max(v.rows for v in extra)
+    size, rows = ctx.tokenizer.size, max(v.rows for v in extra)
     yield finding(
         "CKF102", f"{len(extra)} vocab tensor(s) have {rows} rows but the tokenizer has {size} tokens "
         f"({rows - size} extra row(s), not padding to a multiple of 8..256)",
@@ -52,18 +59,34 @@ def rows_above_tokenizer(ctx: Context) -> Iterator[Finding]:
 
 
 @check("CKF103", "info", "vocab rows padded above the tokenizer",
-       "Rows rounded up to a multiple of 8/64/128 above the tokenizer size: normal, not an error.")
+       "Rows rounded up to the next multiple of 8..256 above the tokenizer size: normal, not an error.")
 def rows_padded(ctx: Context) -> Iterator[Finding]:
-    size = ctx.tokenizer.size if ctx.tokenizer else 0
-    padded = [v for v in _mismatched(ctx, smaller=False) if padding_multiple(v.rows, size) is not None]
+    padded = _fits(ctx, ("padded",))
     if not padded:
         return
-    rows = padded[0].rows
+    _, fit = padded[0]
     yield finding(
-        "CKF103", f"{rows} rows for {size} tokens: padded to a multiple of {padding_multiple(rows, size)} "
-        f"({rows - size} unused row(s))",
+        "CKF103", f"{fit.rows} rows for {fit.tokens} tokens: padded to a multiple of {fit.multiple} "
+        f"({fit.unused} unused row(s))",
         pytorch="Loads into a model built with the padded size (e.g. pad_to_multiple_of); the extra rows are never indexed.",
-        fix="Nothing to do; build the model with the padded size.", tensors=[v.name for v in padded])
+        fix="Nothing to do; build the model with the padded size.", tensors=[v.name for v, _ in padded])
+
+
+@check("CKF105", "info", "vocab rows reserved above the tokenizer",
+       "Rows a round multiple of 64+ a little (<= 1/16) above the tokenizer, or recorded as the config's "
+       "vocab_size (Qwen2/3's 151936, DeepSeek-V3's 129280): the model's own size, not an error.")
+def rows_reserved(ctx: Context) -> Iterator[Finding]:
+    reserved = _fits(ctx, ("reserved",))
+    if not reserved:
+        return
+    _, fit = reserved[0]
+    why = "the checkpoint's config records vocab_size" if fit.by_config else f"a multiple of {fit.multiple}"
+    yield finding(
+        "CKF105", f"{fit.rows} rows for {fit.tokens} tokens: {fit.unused} row(s) reserved above the tokenizer "
+        f"({why}); no token id reaches them",
+        pytorch=f"Loads into the model built with vocab_size={fit.rows}; ids stay below {fit.tokens}, so the "
+        "reserved rows are never indexed (they may be trained in later by added tokens without a resize).",
+        fix="Nothing to do.", tensors=[v.name for v, _ in reserved])
 
 
 @check("CKF104", "error", "embedding and head row counts differ",

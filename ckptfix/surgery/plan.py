@@ -18,9 +18,9 @@ from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torc
 from ckptfix.checks import Finding
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.errors import RepairError
+from ckptfix.fit import config_vocab_size, target_rows
 from ckptfix.formats.pickle_safe import DTYPE_SIZES
 from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_row_values, plan_by_id, plan_by_token
-from ckptfix.vocab import padded_size
 
 POLICIES = ("remap", "fresh", "reset")
 INITS = ("mean", "zeros", "normal")
@@ -139,13 +139,15 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
         raise RepairError(f"unknown --init {init!r} (choose {', '.join(INITS)})")
     if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
         raise RepairError("--pad-to-multiple-of must be a positive integer")
-    target = padded_size(tokenizer.size, pad_to_multiple_of) if pad_to_multiple_of else tokenizer.size
-    plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
-                      findings_before=list(report.findings))
     vocab = [v for v in report.vocab if v.tied_to is None]
     if not vocab:
         raise RepairError(f"{ckpt.path}: no embedding or LM-head tensor found to resize "
                           "(names like embed_tokens/wte/lm_head, or 2-D tensors with the vocab's row count)")
+    target, why = target_rows(tokenizer.size, max(v.rows for v in vocab), pad_to=pad_to_multiple_of,
+                              config_vocab=config_vocab_size(ckpt.extras.get("config")),
+                              old_tokens=from_tokenizer.size if from_tokenizer is not None else None)
+    plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
+                      findings_before=list(report.findings), notes=[why])
     plans: dict[int, RowPlan] = {}
     for v in vocab:
         rows_plan = plans.setdefault(v.rows, _row_plan(v.rows, target, tokenizer, from_tokenizer))
