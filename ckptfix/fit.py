@@ -106,7 +106,7 @@ def target_rows(tokens: int, rows: int, *, pad_to: int | None = None, config_voc
     """Row count for a repair of a checkpoint with `rows` rows to a `tokens`-id tokenizer, and why.
 
     `pad_to` (--pad-to N) rounds the tokens up to N (1: exactly one row per token). By default the rows are
-    kept when they already fit the tokenizer (padding or reserve included); otherwise the checkpoint keeps
+    kept when they already fit the tokenizer as a reserve or a padding to a multiple of 64+; otherwise the checkpoint keeps
     the padding multiple it visibly has against its old tokenizer (`old_tokens`, when known); otherwise one
     row per token, as a model built from `len(tokenizer)` (resize_token_embeddings) expects.
     """
@@ -114,7 +114,9 @@ def target_rows(tokens: int, rows: int, *, pad_to: int | None = None, config_voc
         target = padded_size(tokens, pad_to)
         return target, f"rows: {target} for {tokens} tokens (--pad-to {pad_to})"
     now = fit_rows(rows, tokens, config_vocab)
-    if now.ok:
+    # Rows one per token of an old tokenizer look like a small padding of a smaller new one (48 rows "pad"
+    # 40 tokens to 16): only a reserve, or padding to a multiple of 64+, shows the model was built that way.
+    if now.verdict == "reserved" or (now.verdict == "padded" and rows % 64 == 0):
         return rows, f"rows: kept the checkpoint's {rows} for {tokens} tokens ({now.describe()})"
     before = fit_rows(rows, old_tokens, config_vocab) if old_tokens is not None else None
     if before is not None and before.verdict in ("padded", "reserved") and before.multiple:

@@ -67,6 +67,8 @@ def test_config_vocab_size(config, expected):
 TARGET_TABLE = [
     (1003, 1000, None, None, None, 1003),  # one row per token: what resize_token_embeddings(len(tok)) builds
     (1000, 1001, None, None, None, 1000),  # seed 001's repair
+    (40, 48, None, None, None, 40),  # 48 rows "pad" 40 tokens to 16: more likely one per token of an old one
+    (1000, 1024, None, None, None, 1024),  # padded to 64+ (the fixtures' pad_to_multiple_of=64): kept
     (1030, 1024, None, None, 1000, 1088),  # the checkpoint was padded to 64 against its old tokenizer: kept
     (1030, 1024, None, None, None, 1030),  # no old tokenizer: nothing shows the 1024 rows were padding
     (1030, 1024, 64, None, None, 1088),  # --pad-to 64
