@@ -6,6 +6,7 @@ from typing import Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
 from ckptfix.fit import Fit, config_vocab_size, fit_rows
+from ckptfix.vocab import VocabTensor
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
                 "{tokens} tokens, even with strict=False; Optimizer.load_state_dict would accept the "
@@ -36,7 +37,7 @@ def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
         fix=ctx.repair_command(), tensors=[v.name for v in short])
 
 
-def _fits(ctx: Context, verdicts: tuple[str, ...]) -> list[tuple[object, Fit]]:
+def _fits(ctx: Context, verdicts: tuple[str, ...]) -> list[tuple[VocabTensor, Fit]]:
     """Vocab tensors with more rows than the tokenizer whose fit is one of `verdicts`."""
     config_vocab = config_vocab_size(ctx.ckpt.extras.get("config"))
     fits = [(v, fit_rows(v.rows, ctx.tokenizer.size, config_vocab)) for v in _mismatched(ctx, smaller=False)]
