@@ -28,6 +28,9 @@ _NUMPY_DTYPES = {
     "bool": np.bool_, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
     "complex64": np.complex64, "complex128": np.complex128,
     "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8, "float8_e4m3fnuz": np.uint8, "float8_e5m2fnuz": np.uint8,
+    # numpy has none of these: their raw bits (a complex32 is two float16s)
+    "float8_e8m0fnu": np.uint8, "float4_e2m1fn_x2": np.uint8, "complex32": np.uint32,
+    "bits8": np.uint8, "bits16": np.uint16, "bits1x8": np.uint8, "bits2x4": np.uint8, "bits4x2": np.uint8,
 }
 
 

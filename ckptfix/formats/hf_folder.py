@@ -78,6 +78,8 @@ def _read_weights(file: str, trust_pickle: bool) -> dict[str, TensorInfo]:
     if file.endswith(".safetensors"):
         return safetensors_file.tensors(file)[0]
     sub = torch_file.read(file, trust_pickle=trust_pickle)
+    for info in sub.model.values():  # every shard numbers its storages from "0": one namespace per file
+        info.storage_id = f"{os.path.basename(file)}:{info.storage_id}"
     return sub.model
 
 

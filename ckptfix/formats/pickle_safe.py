@@ -44,10 +44,13 @@ DTYPE_SIZES: dict[str, int] = {
     "uint16": 2, "uint32": 4, "uint64": 8,
     "complex64": 8, "complex128": 16,
     "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    # the rest of what torch.save writes with an untyped storage (torch.storage._new_dtypes())
+    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1, "complex32": 4,
+    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
 }
 _DTYPE_ALIASES = {
     "float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
-    "short": "int16", "cfloat": "complex64", "cdouble": "complex128",
+    "short": "int16", "cfloat": "complex64", "cdouble": "complex128", "chalf": "complex32",
 }
 
 # Bound on pickle size: a state-dict pickle is ~100 bytes per tensor; 1 GiB would be ~10M tensors.

@@ -25,8 +25,7 @@ import numpy as np
 
 from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.errors import RepairError
-from ckptfix.formats.common import iter_leaves
-from ckptfix.formats.pickle_safe import OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype
+from ckptfix.formats.pickle_safe import DTYPE_SIZES, OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype
 from ckptfix.formats.zipwriter import ZipWriter
 
 _STORAGE_CLASS = {"float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
@@ -88,18 +87,29 @@ class _Reduce:
 
 
 class _Pickler(pickle._Pickler):
-    """The pure-Python pickler (it lets us write GLOBALs by name); protocol 2, like torch.save."""
+    """The pure-Python pickler (it lets us write GLOBALs by name); protocol 2, like torch.save.
+
+    Storages are renumbered "0", "1", ... in the order they are pickled, as torch.save numbers them:
+    `torch.load(map_location="meta")` expects the records in that order, starting at "0"."""
 
     dispatch = pickle._Pickler.dispatch.copy()
 
     def __init__(self, buf: BinaryIO):
         super().__init__(buf, protocol=2)
-        self.storages: dict[str, StorageRef] = {}
+        self.storages: dict[str, StorageRef] = {}  # output key -> the storage it writes, in pickling order
+        self.keys: dict[str, str] = {}  # source key -> output key
 
     def persistent_id(self, obj: Any) -> Any:
-        if isinstance(obj, StorageRef):
-            self.storages.setdefault(obj.key, obj)
-            return ("storage", _global("torch", _STORAGE_CLASS[obj.dtype]), obj.key, obj.location, obj.numel)
+        if isinstance(obj, _StorageAs):
+            key = self.keys.get(obj.ref.key)
+            if key is None:
+                key = self.keys[obj.ref.key] = str(len(self.keys))
+                self.storages[key] = obj.ref
+            nbytes = obj.ref.nbytes
+            if obj.dtype in _STORAGE_CLASS:  # a typed storage counts elements of its dtype
+                return ("storage", _global("torch", _STORAGE_CLASS[obj.dtype]), key, obj.ref.location,
+                        nbytes // DTYPE_SIZES[obj.dtype])
+            return ("storage", _global("torch.storage", "UntypedStorage"), key, obj.ref.location, nbytes)
         return None
 
     def reducer_override(self, obj: Any) -> Any:
@@ -108,10 +118,17 @@ class _Pickler(pickle._Pickler):
                     (_Plain(obj), obj.requires_grad, collections.OrderedDict()))
         if isinstance(obj, (TensorRef, _Plain)):
             t = obj.ref if isinstance(obj, _Plain) else obj
-            return (_global("torch._utils", "_rebuild_tensor_v2"),
-                    (t.storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict()))
+            storage = _StorageAs(t.storage, t.dtype)
+            args = (storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict())
+            if t.dtype in _STORAGE_CLASS:
+                return _global("torch._utils", "_rebuild_tensor_v2"), args
+            # what torch.save does for dtypes without a typed storage class (float8, uint16/32/64, ...)
+            return _global("torch._utils", "_rebuild_tensor_v3"), (*args, _global("torch", t.dtype))
         if isinstance(obj, _Reduce):
             return obj.func, obj.args
+        if isinstance(obj, OpaqueObject):
+            raise RepairError(f"the checkpoint holds an object of class {obj.cls} that ckptfix read as an inert "
+                              "record; it cannot be written back")
         return NotImplemented
 
     def _save_named_global(self, obj: _Global) -> None:
@@ -126,38 +143,69 @@ class _Plain:
     ref: TensorRef
 
 
+@dataclass(frozen=True)
+class _StorageAs:
+    """A storage as one tensor pickles it: typed by that tensor's dtype, or untyped (bytes)."""
+
+    ref: StorageRef
+    dtype: str
+
+
+# Two no-op opcode pairs (push, pop) of 2 and 3 bytes: padding that keeps a re-pickled data.pkl its size.
+_NOOP2, _NOOP3 = pickle.NONE + pickle.POP, pickle.BININT1 + b"\x00" + pickle.POP
+
+
 def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSource], *,
-          prefix: str = "archive", extra_members: dict[str, bytes] | None = None,
-          finish: Callable[[Any], Any] | None = None, order: Callable[[StorageRef], int] | None = None) -> None:
+          prefix: str = "archive", version: bytes | None = None,
+          finish: Callable[[Any, bool], Any] | None = None) -> None:
     """Write `tree` as a torch zip archive; `source_for` says where each storage's bytes come from.
 
-    Records are written first and `data.pkl` last (readers find members through the central
-    directory), so `finish(tree)` can add values known only after the bytes are written (e.g. the
-    source's sha256, hashed on another thread meanwhile). It must not add tensors. Records are written
-    sorted by `order` (e.g. their position in the source) where given, else in pickling order.
+    The records are those torch.save writes, in its order: `data.pkl`, `.format_version`,
+    `.storage_alignment`, `byteorder`, the storages `data/0`, `data/1`, ... (numbered in pickling
+    order), `version`, `.data/serialization_id`. `finish(tree, final)` may add values known only after
+    the bytes are copied (e.g. the source's sha256, hashed on another thread meanwhile): `data.pkl` is
+    first written from `finish(tree, False)` (placeholders) and rewritten in place from
+    `finish(tree, True)`, which must pickle to no more bytes. It must not add tensors.
     """
-    storages = _storages_in(tree)
+    data, storages = _pickle(finish(tree, False) if finish else tree)
     zw = ZipWriter(out)
-    members = {".format_version": b"1", ".storage_alignment": b"64", "byteorder": b"little"}
-    members.update(extra_members or {})
-    for name in (".format_version", ".storage_alignment", "byteorder"):
-        zw.write_bytes(f"{prefix}/{name}", members.pop(name))
-    for key, storage in sorted(storages.items(), key=lambda item: order(item[1])) if order else storages.items():
+    pkl = zw.write_bytes(f"{prefix}/data.pkl", data)
+    zw.write_bytes(f"{prefix}/.format_version", b"1")
+    zw.write_bytes(f"{prefix}/.storage_alignment", b"64")
+    zw.write_bytes(f"{prefix}/byteorder", b"little")
+    for key, storage in storages.items():
         _write_storage(zw, f"{prefix}/data/{key}", storage, source_for(storage))
-    flush = _Flush(out)  # the records go to disk while `finish` waits (e.g. for the source's hash)
-    try:
-        data, final_storages = _pickle(finish(tree) if finish else tree)
-    except BaseException:
-        flush.wait(report=False)  # the error in flight is the one to see
-        raise
-    flush.wait()
-    if final_storages.keys() != storages.keys():
-        raise RepairError("internal: finishing the checkpoint changed its tensors")
-    zw.write_bytes(f"{prefix}/data.pkl", data)
-    zw.write_bytes(f"{prefix}/version", members.pop("version", b"3\n"))
-    for name, value in members.items():
-        zw.write_bytes(f"{prefix}/{name}", value)
+    zw.write_bytes(f"{prefix}/version", version or b"3\n")
+    zw.write_bytes(f"{prefix}/.data/serialization_id", _serialization_id(zw))
+    if finish is not None:
+        flush = _Flush(out)  # the records go to disk while `finish` waits (e.g. for the source's hash)
+        try:
+            final, final_storages = _pickle(finish(tree, True))
+        except BaseException:
+            flush.wait(report=False)  # the error in flight is the one to see
+            raise
+        flush.wait()
+        if final_storages.keys() != storages.keys() or len(final) > len(data):
+            raise RepairError("internal: finishing the checkpoint changed its tensors or grew its pickle")
+        zw.rewrite(pkl, _padded(final, len(data)))
     zw.close()
+
+
+def _padded(data: memoryview, size: int) -> bytes:
+    """`data` (a pickle) made exactly `size` bytes long with no-op opcodes before its STOP."""
+    missing = size - len(data)
+    if missing == 1:
+        raise RepairError("internal: a re-pickled data.pkl is one byte short")
+    threes = (missing % 2) if missing >= 3 else 0
+    body = bytes(data[:-1]) + _NOOP3 * threes + _NOOP2 * ((missing - 3 * threes) // 2)
+    return body + bytes(data[-1:])
+
+
+def _serialization_id(zw: ZipWriter) -> bytes:
+    """40 digits like torch's (20 from the records' CRCs, 20 from their names): an id for this archive."""
+    crcs = zlib.crc32(b"".join(e.crc.to_bytes(4, "little") for e in zw.entries))
+    names = zlib.crc32(b"\0".join(e.name for e in zw.entries))
+    return f"{crcs * 2654435761 % 10**20:020d}{names * 2246822519 % 10**20:020d}".encode()
 
 
 class _Flush:
@@ -190,23 +238,8 @@ class _Flush:
             raise self.error
 
 
-def _storages_in(tree: Any) -> dict[str, StorageRef]:
-    """The storages `tree` pickles, in key order (torch numbers them in pickling order), found by a walk:
-    `data.pkl` is pickled once, last. What cannot be written is refused here, before a byte is copied."""
-    storages: dict[str, StorageRef] = {}
-    for node in iter_leaves(tree):
-        if isinstance(node, TensorRef):
-            if node.storage.dtype not in _STORAGE_CLASS:
-                raise RepairError(f"cannot write storage {node.storage.key} of dtype {node.storage.dtype}")
-            storages.setdefault(node.storage.key, node.storage)
-        elif isinstance(node, OpaqueObject):
-            raise RepairError(f"the checkpoint holds an object of class {node.cls} that ckptfix read as an inert "
-                              "record; it cannot be written back")
-    order = sorted(storages, key=lambda k: (0, int(k), "") if k.isdigit() else (1, 0, k))
-    return {k: storages[k] for k in order}
-
-
 def _pickle(tree: Any) -> tuple[memoryview, dict[str, StorageRef]]:
+    """data.pkl's bytes and the storages it names (output key -> storage, in pickling order)."""
     buf = io.BytesIO()
     pickler = _Pickler(buf)
     pickler.dump(_with_torch_values(tree, {}))

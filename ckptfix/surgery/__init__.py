@@ -22,6 +22,7 @@ from ckptfix.io import BackgroundHash, same_file
 from ckptfix.surgery.plan import RepairPlan, make_plan
 
 RECORD_SCHEMA = "ckptfix.repair/1"
+SHA256_PLACEHOLDER = "0" * 64
 
 
 @dataclass
@@ -100,8 +101,12 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         writer = _writer_for(ckpt.format, ckpt.path)
         if hasher is None:  # `out` existed at the first check and is gone now
             hasher = BackgroundHash(source, paced=paced)
-        backup = writer(plan, out, lambda: build_record(plan, hasher.result()), rng=np.random.default_rng(seed),
-                        in_place=in_place, progress=progress)
+        def record_fn(final: bool = True) -> dict[str, Any]:
+            # not final: the record as it will be, the hash a placeholder of the same length (writers that
+            # must place the record before the copy rewrite it in place once the copy is hashed)
+            return build_record(plan, hasher.result() if final else SHA256_PLACEHOLDER)
+
+        backup = writer(plan, out, record_fn, rng=np.random.default_rng(seed), in_place=in_place, progress=progress)
         return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
     finally:
         if hasher is not None:  # stop it pacing itself behind a copy that is not coming

@@ -48,14 +48,6 @@ class StorageTable:
                 out.prefix_crc = info.CRC
         return out
 
-    def source_position(self, storage: StorageRef) -> int:
-        """Where the bytes an output storage comes from start in the source archive (0 if unknown). Writing
-        records in this order reads the source front to back (torch.save orders records by key as text,
-        "0", "1", "10", ..., not as they are pickled): sequential for the disk, and the source hash's pace."""
-        key = self.derived_from.get(storage.key, storage.key)
-        info = self.archive.members.get(f"{self.archive.prefix}/data/{key}") if self.archive is not None else None
-        return info.header_offset if info is not None else 0
-
     def source_for(self, storage: StorageRef) -> StorageSource:
         if storage.key in self.new:
             return self.new[storage.key]

@@ -114,7 +114,7 @@ def _rewrite_torch(src: str, f: Any, plan: RepairPlan, rng: np.random.Generator,
     tree, locate_for, archive = torch_file.load(src, opaque=True)  # inert records are refused when written
     table = StorageTable(tree, locate_for, archive, lambda e: e.output(plan.init, plan.std, rng))
     prefix = archive.prefix if archive is not None else "archive"
-    torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix, order=table.source_position)
+    torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix)
 
 
 def _update_index_sizes(plan: RepairPlan, folder: str) -> None:

@@ -54,7 +54,7 @@ def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
     return out
 
 
-def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
+def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[..., dict], *, rng: np.random.Generator,
                            in_place: bool, progress: Any = None) -> str | None:
     """Stream the repaired checkpoint to `out` atomically. Returns the backup path when writing in place."""
     from ckptfix.surgery import record_json
@@ -68,15 +68,14 @@ def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[[], d
     bare = plan.ckpt.sections.get("model") == ""
     new_tree = edited_tree(plan, tree, table)
 
-    def finish(t: Any) -> Any:  # the record needs the source hash, computed while records were copied
-        return t if bare else {**t, "ckptfix": record_fn()}
+    def finish(t: Any, final: bool) -> Any:  # the record needs the source hash, computed while records are copied
+        return t if bare else {**t, "ckptfix": record_fn(final)}
 
     prefix = archive.prefix if archive is not None else "archive"
     version = archive.read_member("version") if archive is not None else None
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=source, backup=in_place) as f:
-        torch_save.write(f, new_tree, table.source_for, prefix=prefix, order=table.source_position,
-                         extra_members={"version": version} if version else None, finish=finish)
+        torch_save.write(f, new_tree, table.source_for, prefix=prefix, version=version, finish=finish)
     if bare:
         with atomic_file(out + ".ckptfix.json") as f:
             f.write(record_json(record_fn()))
