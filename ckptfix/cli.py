@@ -11,6 +11,7 @@ from typing import Any, Iterable
 import click
 
 from ckptfix.errors import CkptfixError
+from ckptfix.policies import REPAIR_POLICIES
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -74,7 +75,7 @@ def inspect(checkpoint: str, tokenizer: str | None, as_json: bool, scan: bool, v
 @click.option("--tokenizer", "-t", required=True, type=click.Path(), help="The tokenizer the run will use now.")
 @click.option("--out", "-o", type=click.Path(), help="Output path (same format as the input). Required unless --dry-run.")
 @click.option("--from-tokenizer", type=click.Path(), help="The tokenizer the checkpoint was trained with: rows move by token string.")
-@click.option("--policy", type=click.Choice(["remap", "fresh", "reset"]),
+@click.option("--policy", type=click.Choice(REPAIR_POLICIES),
               help="Optimizer state: remap moments (default for Adam), fresh (drop state, keep schedule), reset (drop both).")
 @click.option("--init", "init", type=click.Choice(["mean", "zeros", "normal"]), default="mean", show_default=True,
               help="New rows: mean (HF mean_resizing), zeros, or normal with --std.")

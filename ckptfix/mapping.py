@@ -1,10 +1,21 @@
-"""Which model parameter each optimizer state entry belongs to.
+"""Which model parameter each optimizer state entry belongs to: the one answer for inspect, repair
+and the guard.
 
 `torch.optim` saves state by integer index (the order of `optimizer.param_groups`), not by name.
-Names are recovered, best evidence first: names recorded by `ckptfix repair`; FQN keys (DCP);
-the model's own order when counts and shapes agree; the Hugging Face Trainer's two groups
-(weight decay / no decay); and last, shape alone where a shape is unique. Position is never used
-for safetensors weights: they are stored sorted by name, not in registration order.
+Names are recovered, best evidence first:
+
+1. `torch`: the `param_names` torch stores in each param group when the optimizer was built from
+   `model.named_parameters()` (torch >= 2.6);
+2. `recorded`: names a ckptfix record carries (`ckptfix repair`, `ResumeGuard.record()`); FQN keys
+   (`fqn`: DCP saves state under the parameter's name);
+3. shapes and order: the model's own order when counts and shapes agree (`position`); the Hugging
+   Face Trainer's two groups, weight decay / no decay (`hf-groups`); frozen parameters left out
+   (`aligned`); and last, shape alone where a shape is unique (`shape`). Position is never used for
+   safetensors weights: they are stored sorted by name, not in registration order.
+
+`ParamMapping.by_name` says whether the names are true names (1-2) or inferred (3);
+`names_for_resume` is the guard's question: can these names be trusted to move state between
+positions of a live optimizer?
 """
 
 from __future__ import annotations
@@ -22,14 +33,29 @@ MOMENT_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "su
 # The Hugging Face Trainer puts these in its no-weight-decay group (biases and norm weights).
 _NO_DECAY = re.compile(r"(bias|norm|ln_|layernorm|layer_norm|rmsnorm)", re.IGNORECASE)
 
+#: Wrapper prefixes (DDP, torch.compile) that differ between an optimizer's names and a state_dict's keys.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+#: Methods whose names come from the file itself, not from shapes and order.
+TRUE_NAME_METHODS = ("torch", "recorded", "fqn")
+
 
 @dataclass
 class ParamMapping:
     names: dict[Any, str] = field(default_factory=dict)  # optimizer index -> model tensor name
-    method: str = "none"  # recorded | fqn | position | hf-groups | aligned | shape | none
+    method: str = "none"  # torch | recorded | fqn | position | hf-groups | aligned | shape | none
+    # For "recorded": how the record itself got its names (a `ckptfix repair` record says so).
+    recorded_method: str | None = None
 
     def index_of(self, name: str) -> Any:
         return next((i for i, n in self.names.items() if n == name), None)
+
+    @property
+    def by_name(self) -> bool:
+        """The names are true names: torch's, DCP's, or a record of true names (not a guess)."""
+        if self.method == "recorded":
+            return self.recorded_method in (None, *TRUE_NAME_METHODS)
+        return self.method in TRUE_NAME_METHODS
 
 
 def moment_shape(ps: ParamState | None) -> tuple[int, ...] | None:
@@ -57,14 +83,44 @@ def _consistent(ckpt: Checkpoint, pairs: list[tuple[Any, str]]) -> bool:
     return tolerant and exact >= len(pairs) - 2
 
 
+def torch_param_names(ckpt: Checkpoint) -> list[str] | None:
+    """The `param_names` torch saved in every param group, in index order (None unless complete)."""
+    if ckpt.optimizer is None:
+        return None
+    out: list[str] = []
+    for group in ckpt.optimizer.groups:
+        names = group.options.get("param_names")
+        if not isinstance(names, (list, tuple)) or len(names) != len(group.params):
+            return None
+        out.extend(str(n) for n in names)
+    return out
+
+
+def checkpoint_name(name: str, model: dict[str, Any]) -> str:
+    """`name` as the checkpoint's model keys spell it (a DDP/torch.compile prefix added or removed)."""
+    if name in model or not model:
+        return name
+    for pre in WRAPPER_PREFIXES:
+        if name.startswith(pre) and name[len(pre):] in model:
+            return name[len(pre):]
+        if pre + name in model:
+            return pre + name
+    return name
+
+
 def map_optimizer(ckpt: Checkpoint) -> ParamMapping:
     """Recover optimizer index -> parameter name, and say how it was done."""
     opt = ckpt.optimizer
     if opt is None:
         return ParamMapping()
     indices = opt.indices()
+    named = torch_param_names(ckpt)
+    if named is not None:
+        return ParamMapping({i: checkpoint_name(n, ckpt.model) for i, n in zip(indices, named)}, "torch")
     if opt.param_names and len(opt.param_names) == len(indices):
-        return ParamMapping(dict(zip(indices, opt.param_names)), "recorded")
+        origin = (ckpt.record or {}).get("param_names_method")
+        return ParamMapping(dict(zip(indices, opt.param_names)), "recorded",
+                            recorded_method=origin if isinstance(origin, str) else None)
     if indices and all(isinstance(i, str) for i in indices):
         return ParamMapping({i: i for i in indices if i in ckpt.model}, "fqn")
     params = ckpt.parameters()
@@ -122,3 +178,27 @@ def _by_unique_shape(ckpt: Checkpoint, indices: list[Any], params: list[str]) ->
         if shape is not None and len(by_shape.get(shape, [])) == 1:
             out[i] = by_shape[shape][0]
     return out
+
+
+def names_for_resume(ckpt: Checkpoint, mapping: ParamMapping, live_in_model_order: bool) -> tuple[list[str] | None, str]:
+    """Checkpoint optimizer index -> parameter name, in index order, when the guard may trust it to
+    move state between positions of a live optimizer; and where the names come from.
+
+    torch / recorded: true names (`ParamMapping.by_name`). inferred: position in the checkpoint's
+    own tensor order, used only when that order is the saving model's registration order (a pickled
+    state_dict; safetensors sort their keys) and the live optimizer holds the model's parameters in
+    the model's order (`live_in_model_order`: then the saving run's optimizer, built by the same
+    code, followed the saving model's order too). Otherwise (None, "none").
+    """
+    assert ckpt.optimizer is not None
+    cidx = ckpt.optimizer.indices()
+    if not all(i in mapping.names for i in cidx):
+        return None, "none"
+    names = [mapping.names[i] for i in cidx]
+    if mapping.by_name:
+        return names, "torch" if mapping.method == "torch" else "recorded"
+    method = mapping.recorded_method if mapping.method == "recorded" else mapping.method
+    pickled_order = not any(str(f).endswith(".safetensors") for f in (ckpt.path, ckpt.files.get("model", "")))
+    if method in ("position", "aligned") and pickled_order and live_in_model_order:
+        return names, "inferred"
+    return None, "none"

@@ -72,7 +72,7 @@ def render_finding(f: dict[str, Any]) -> list[str]:
     return out
 
 
-_MAPPING = {"recorded": "recorded names", "fqn": "parameter names", "position": "position and shape",
+_MAPPING = {"torch": "torch's param_names", "recorded": "recorded names", "fqn": "parameter names", "position": "position and shape",
             "hf-groups": "HF Trainer decay groups", "aligned": "order and shape", "shape": "unique shapes (weak)",
             "none": "nothing"}
 

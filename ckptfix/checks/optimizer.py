@@ -41,7 +41,7 @@ def moment_shape_mismatch(ctx: Context) -> Iterator[Finding]:
        "The optimizer holds more parameters than the model has, or its state indexes params in no group.")
 def param_count_mismatch(ctx: Context) -> Iterator[Finding]:
     opt = ctx.ckpt.optimizer
-    if opt is None or not ctx.ckpt.model or ctx.mapping.method in ("fqn", "recorded"):
+    if opt is None or not ctx.ckpt.model or ctx.mapping.method in ("torch", "fqn", "recorded"):
         return
     indices = opt.indices()
     params = ctx.ckpt.parameters()
@@ -86,7 +86,7 @@ def steps_disagree(ctx: Context) -> Iterator[Finding]:
        "Optimizer indices could not be matched to parameter names by count and shape; checks on moments are partial.")
 def weak_mapping(ctx: Context) -> Iterator[Finding]:
     opt = ctx.ckpt.optimizer
-    if opt is None or not ctx.ckpt.model or ctx.mapping.method in ("recorded", "fqn", "position", "hf-groups"):
+    if opt is None or not ctx.ckpt.model or ctx.mapping.method in ("torch", "recorded", "fqn", "position", "hf-groups"):
         return
     mapped, total = len(ctx.mapping.names), len(opt.indices())
     yield finding(

@@ -14,7 +14,7 @@ This package finds them up front, in four layers:
    not skip every step) and then turns itself into a no-op.
 4. Checkpoint loading (`resume.py`): `ResumeGuard.load(path)` reads a checkpoint with ckptfix's
    safe readers, checks that it fits the live model/optimizer/tokenizer (CKF82x), loads it under
-   a policy (strict, remap, fresh-optimizer, reset), then runs 2. and drives 3.
+   a policy (strict, remap, fresh, reset), then runs 2. and drives 3.
 
 Only torch is imported here; framework integrations live in `ckptfix.integrations`.
 """

@@ -54,10 +54,13 @@ Policies:
   remap            vocab-sized tensors and their Adam moments are resized in memory exactly as
                    `ckptfix repair --policy remap` does (ckptfix.surgery.make_plan + TensorEdit),
                    optimizer state is matched to parameters by name where names are known.
-  fresh-optimizer  as remap for the weights; on any optimizer mismatch the optimizer state is
+  fresh            as remap for the weights; on any optimizer mismatch the optimizer state is
                    dropped (param-group options kept), the scheduler kept (or reset with
                    `reset_scheduler=True`), and the LR re-warmed linearly over `rewarm_steps`.
+                   `fresh-optimizer` is accepted as an alias (the guard's older spelling).
   reset            weights only: optimizer, scheduler and scaler keep their fresh state.
+
+The policy names are `ckptfix repair`'s (`ckptfix.policies`), plus "strict".
 
 Re-warm: step k (0-based, counting optimizer steps actually taken) runs at
 `lr * min(1, (k + 1) / rewarm_steps)`. The factor is applied to each param group's "lr" right
@@ -85,10 +88,11 @@ import torch
 from ckptfix.guard.probe import StepProbe
 from ckptfix.guard.problems import Problem, TrainingSetupError, TrainingSetupWarning, format_names
 from ckptfix.guard.setup import _scaler_enabled, check_training_setup, named_params, unwrap_optimizer
+from ckptfix.policies import GUARD_POLICIES, canonical
 
 __all__ = ["ResumeGuard", "ResumeReport", "ResumeError", "POLICIES", "tokenizer_size"]
 
-POLICIES = ("strict", "remap", "fresh-optimizer", "reset")
+POLICIES = GUARD_POLICIES
 SCHEMA = "ckptfix.resume/1"
 NAMES_SCHEMA = "ckptfix.names/1"
 
@@ -98,7 +102,6 @@ SAMPLE = 64
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 #: Second-moment state keys: in fp16 their small values underflow to 0.
 SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum")
-_POLICY_FOR_PLAN = {"remap": "remap", "fresh-optimizer": "fresh", "reset": "reset"}
 
 
 class ResumeError(TrainingSetupError):
@@ -413,9 +416,10 @@ class ResumeGuard:
 
     `tokenizer`: a path, a `ckptfix.tokenizers.TokenizerInfo`, a Hugging Face tokenizer (its
     `len()`) or an int; checked against the model's embedding rows (CKF824).
-    `policy`: "strict", "remap", "fresh-optimizer" or "reset" (see the module docstring).
+    `policy`: "strict", "remap", "fresh" or "reset" (see the module docstring;
+    "fresh-optimizer" is an alias of "fresh").
     `rewarm_steps`: length of the linear LR re-warm after the optimizer state was dropped.
-    `reset_scheduler`: with "fresh-optimizer", also start the scheduler from scratch when the
+    `reset_scheduler`: with "fresh", also start the scheduler from scratch when the
     optimizer state is dropped.
     `probe_steps`: optimizer steps watched by the first-step probe (0: no probe).
     """
@@ -423,6 +427,7 @@ class ResumeGuard:
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, tokenizer: Any = None, policy: str = "strict", *,
                  rewarm_steps: int = 100, reset_scheduler: bool = False, probe_steps: int = 3):
+        policy = canonical(policy)
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose {', '.join(POLICIES)})")
         if rewarm_steps < 0 or probe_steps < 0:
@@ -522,7 +527,7 @@ class ResumeGuard:
             report.notes.append("the checkpoint's ckptfix repair record asks for an LR re-warm")
         if self.optimizer is not None and self.policy != "reset":
             if ckpt.optimizer is None:
-                rewarm = rewarm or self.policy == "fresh-optimizer"
+                rewarm = rewarm or self.policy == "fresh"
             elif opt_side.drop:
                 rewarm = True
                 report.optimizer_matched_by = "dropped"
@@ -838,12 +843,12 @@ class ResumeGuard:
                 message = (f"{len(vocab_diff)} vocab-sized tensor(s) have another row count in the "
                            f"checkpoint than in the model ({shapes(vocab_diff)}): the tokenizer "
                            "changed since the checkpoint was saved. Their rows and Adam moments must "
-                           "be resized together: use policy='remap' (or 'fresh-optimizer'), or "
+                           "be resized together: use policy='remap' (or 'fresh'), or "
                            "`ckptfix repair CKPT --tokenizer TOK -o FIXED`.")
             else:
                 message = (f"{len(vocab_diff)} vocab-sized tensor(s) have another row count in the "
                            f"checkpoint than in the model ({shapes(vocab_diff)}); resized in memory "
-                           f"as `ckptfix repair --policy {_POLICY_FOR_PLAN[self.policy]}` would.")
+                           f"as `ckptfix repair --policy {self.policy}` would.")
             problems.append(Problem("CKF825", "error" if strict else "warning", message,
                                     tuple(vocab_diff)))
             side.vocab_rows = {id(live[key_map[n]]) for n in vocab_diff}
@@ -876,7 +881,7 @@ class ResumeGuard:
         if len(targets) != 1:
             return None, f"the model's vocab tensors disagree on their row count ({sorted(targets)})"
         try:
-            plan = make_plan(analysis, _Target(targets.pop()), policy=_POLICY_FOR_PLAN[self.policy])
+            plan = make_plan(analysis, _Target(targets.pop()), policy=self.policy)
         except CkptfixError as exc:
             return None, str(exc)
         return plan, ""
@@ -896,17 +901,17 @@ class ResumeGuard:
         problems: list[Problem] = []
 
         def mismatch(message: str, params: tuple[str, ...], by_name: bool = False) -> None:
-            if policy == "fresh-optimizer":
+            if policy == "fresh":
                 side.drop = True
-                problems.append(Problem("CKF822", "warning", message + " Policy 'fresh-optimizer': "
+                problems.append(Problem("CKF822", "warning", message + " Policy 'fresh': "
                                         "optimizer state dropped, LR re-warmed.", params))
             elif by_name and policy == "remap":
                 problems.append(Problem("CKF822", "warning", message + " Policy 'remap': each "
                                         "parameter gets the state recorded under its name.", params))
             else:
-                hint = (" Use policy='remap' to match the state by name, or 'fresh-optimizer' to "
+                hint = (" Use policy='remap' to match the state by name, or 'fresh' to "
                         "drop it." if by_name else
-                        " Use policy='fresh-optimizer' to drop the optimizer state.")
+                        " Use policy='fresh' to drop the optimizer state.")
                 problems.append(Problem("CKF822", "error", message + hint, params))
 
         side.layout_ok = _layout_ok(copt, opt)
@@ -998,40 +1003,14 @@ class ResumeGuard:
         return side, problems
 
     def _checkpoint_names(self, ckpt: Any, mapping: Any, live_params: list) -> tuple[list | None, str]:
-        """Checkpoint optimizer index -> parameter name, when it can be trusted.
+        """Checkpoint optimizer index -> parameter name, when it can be trusted (the mapping
+        module's answer; `live_params` tells whether the live optimizer follows the model order)."""
+        from ckptfix.mapping import names_for_resume
 
-        recorded: a ckptfix record (`repair`, `guard.record()`) or FQN keys (DCP);
-        torch: `param_names` torch saves for optimizers built from named_parameters();
-        inferred: position in the checkpoint's own tensor order, used only when that order is
-        the saving model's registration order (a pickled state_dict; safetensors sort their
-        keys) and the live optimizer holds the model's parameters in the model's order (then the
-        saving run's optimizer, built by the same code, followed the saving model's order too).
-        """
-        copt = ckpt.optimizer
-        cidx = copt.indices()
-        torch_names = [g.options.get("param_names") for g in copt.groups]
-        if all(isinstance(n, list) and len(n) == len(g.params)
-               for n, g in zip(torch_names, copt.groups)):
-            return [str(n) for names in torch_names for n in names], "torch"
-        if not all(i in mapping.names for i in cidx):
-            return None, "none"
-        method = mapping.method
-        if method == "recorded":
-            # a `ckptfix repair` record says how it got its names: trust only true names
-            origin = (ckpt.record or {}).get("param_names_method")
-            if origin in (None, "recorded", "fqn"):
-                return [mapping.names[i] for i in cidx], "recorded"
-            method = origin
-        elif method == "fqn":
-            return [mapping.names[i] for i in cidx], "recorded"
-        pickled_order = not any(str(f).endswith(".safetensors")
-                                for f in (ckpt.path, ckpt.files.get("model", "")))
-        if method in ("position", "aligned") and pickled_order:
-            order = {id(p): i for i, p in enumerate(named_params(self.model).values())}
-            seq = [order.get(id(p), -1) for p in live_params]
-            if -1 not in seq and all(a < b for a, b in zip(seq, seq[1:])):
-                return [mapping.names[i] for i in cidx], "inferred"
-        return None, "none"
+        order = {id(p): i for i, p in enumerate(named_params(self.model).values())}
+        seq = [order.get(id(p), -1) for p in live_params]
+        in_model_order = -1 not in seq and all(a < b for a, b in zip(seq, seq[1:]))
+        return names_for_resume(ckpt, mapping, in_model_order)
 
     def _check_moment_dtypes(self, copt: Any, side: _Optim, live_params: list,
                              live_name: list, policy: str) -> list[Problem]:
@@ -1052,15 +1031,15 @@ class ResumeGuard:
                         underflow.append(f"{live_name[pos]}:{key} ({count} of {t.numel})")
         problems = []
         if underflow:
-            fresh = policy == "fresh-optimizer"
+            fresh = policy == "fresh"
             side.drop = side.drop or fresh
             problems.append(Problem(
                 "CKF823", "warning" if fresh else "error",
                 f"{len(underflow)} float16 second moment(s) have elements that underflowed to 0 "
                 "where exp_avg is not 0: Adam's first updates there would be about exp_avg/eps, "
                 "orders of magnitude above lr. Save optimizer state in the parameters' dtype"
-                + ("; policy 'fresh-optimizer': optimizer state dropped, LR re-warmed." if fresh
-                   else ", or resume with policy='fresh-optimizer'."),
+                + ("; policy 'fresh': optimizer state dropped, LR re-warmed." if fresh
+                   else ", or resume with policy='fresh'."),
                 tuple(underflow),
             ))
         if low:

@@ -1,6 +1,6 @@
 """What a repair will do, decided from the checkpoint model alone (no format specifics, no bytes read).
 
-Policies for the optimizer:
+Policies for the optimizer (`ckptfix.policies`, shared with the guard):
   remap  moments follow their parameter's rows exactly (default for Adam-like optimizers);
   fresh  drop all optimizer state, keep param_groups and the scheduler position; the loop must re-warm;
   reset  drop optimizer and scheduler state; the schedule starts again.
@@ -20,9 +20,10 @@ from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.errors import RepairError
 from ckptfix.fit import config_vocab_size, target_rows
 from ckptfix.formats.pickle_safe import DTYPE_SIZES
+from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_row_values, plan_by_id, plan_by_token
 
-POLICIES = ("remap", "fresh", "reset")
+POLICIES = REPAIR_POLICIES
 INITS = ("mean", "zeros", "normal")
 ADAM_LIKE = ("adam", "adamw")
 DEFAULT_SCALE = 65536.0
@@ -132,7 +133,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
               init: str = "mean", std: float = 0.02, pad_to_multiple_of: int | None = None) -> RepairPlan:
     """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer."""
     ckpt = report.ckpt
-    policy = policy or default_policy(ckpt)
+    policy = canonical(policy) if policy else default_policy(ckpt)
     if policy not in POLICIES:
         raise RepairError(f"unknown --policy {policy!r} (choose {', '.join(POLICIES)})")
     if init not in INITS:
