@@ -45,7 +45,7 @@ def train(ckpt_path: str, tokenizer, total_steps: int, device: str = "cpu") -> l
     scaler = torch.amp.GradScaler(device)
 
     # strict: refuse a checkpoint that does not fit; remap: resize vocab rows and their Adam
-    # moments like `ckptfix repair`; fresh-optimizer: drop mismatched optimizer state and re-warm
+    # moments like `ckptfix repair`; fresh: drop mismatched optimizer state and re-warm
     guard = ResumeGuard(model, optimizer, scheduler, scaler, tokenizer=tokenizer,
                         policy="remap", rewarm_steps=20)
     step = 0
