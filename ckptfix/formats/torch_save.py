@@ -119,7 +119,7 @@ class _Pickler(pickle._Pickler):
         if isinstance(obj, (TensorRef, _Plain)):
             t = obj.ref if isinstance(obj, _Plain) else obj
             storage = _StorageAs(t.storage, t.dtype)
-            args = (storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict())
+            args: tuple[Any, ...] = (storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict())
             if t.dtype in _STORAGE_CLASS:
                 return _global("torch._utils", "_rebuild_tensor_v2"), args
             # what torch.save does for dtypes without a typed storage class (float8, uint16/32/64, ...)
