@@ -88,9 +88,11 @@ def inspect(checkpoint: str, tokenizer: str | None, as_json: bool, scan: bool, v
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (if OUT is the input, a .bak is kept).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema ckptfix.repair/1).")
 @click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
+@click.option("--in-place", is_flag=True,
+              help="DCP folders: write only what changes into CHECKPOINT itself (undo: ckptfix restore CHECKPOINT).")
 def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, policy: str | None, init: str,
            std: float, pad_to_multiple_of: int | None, seed: int, dry_run: bool, force: bool, as_json: bool,
-           trust_pickle: bool) -> None:
+           trust_pickle: bool, in_place: bool) -> None:
     """Resize embeddings/heads and their optimizer state to TOKENIZER; write a new resume checkpoint.
 
     \b
@@ -99,14 +101,15 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
       ckptfix repair ckpt.pth -t new/tokenizer.json --from-tokenizer old/tokenizer.json -o fixed.pth
       ckptfix repair output/checkpoint-500 -t new_tok/ -o output/checkpoint-500-fixed --policy fresh
       ckptfix repair ckpt.pth -t tok.model --pad-to 64 --dry-run
+      ckptfix repair step-1000/ -t tok.model --in-place      (DCP; undo: ckptfix restore step-1000/)
     """
     from ckptfix.surgery import repair as run_repair
 
-    if out is None and not dry_run:
+    if out is None and not dry_run and not in_place:
         raise click.UsageError("missing -o/--out (or pass --dry-run)")
     result = run_repair(checkpoint, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
                         pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
-                        trust_pickle=trust_pickle, seed=seed, progress=_progress)
+                        trust_pickle=trust_pickle, seed=seed, in_place=in_place, progress=_progress)
     if as_json:
         _emit_json(result.to_json())
     else:
@@ -143,6 +146,21 @@ def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool) -> None
 
         click.echo(render_diff(report))
     sys.exit(report.exit_code)
+
+
+@cli.command()
+@click.argument("folder", type=click.Path())
+def restore(folder: str) -> None:
+    """Undo `ckptfix repair --in-place` on FOLDER: the previous metadata back, the added files removed.
+
+    \b
+    Example:
+      ckptfix restore checkpoints/step-1000
+    """
+    from ckptfix.surgery.write_dcp import restore as run_restore
+
+    for line in run_restore(folder):
+        click.echo(line)
 
 
 class _Terminated(BaseException):

@@ -106,7 +106,8 @@ def test_remap_loads_with_dcp_and_trains(source, tokenizers, tmp_path, new_vocab
     result = ckptfix.repair(path, tokenizers[new_vocab], out)
     assert snapshot(path) == before, "the input checkpoint was modified"
     assert result.plan.ckpt.format == "dcp" and result.to_json()["optimizer_state"] == "remapped"
-    assert sorted(os.listdir(out)) == [".metadata", "__0_0.distcp", "ckptfix.json"]
+    # the source's data file copied whole (reflink/copy_file_range), the changed tensors in a new one
+    assert sorted(os.listdir(out)) == [".metadata", "__0_0.distcp", "__ckptfix0_0.distcp", "ckptfix.json"]
     rec = json.loads((out / "ckptfix.json").read_text())
     assert rec["format"] == "dcp" and rec["target_rows"] == new_vocab and rec["source_sha256"]
     assert {c["tensor"] for c in rec["changes"]} == {EMBED, HEAD} | {f"{n}:{k}" for n in (EMBED, HEAD)
@@ -202,17 +203,43 @@ def test_bare_model_state_dict(tokenizers, tmp_path):
     assert same_bits(resized.embedding.weight.detach()[:OLD], model.embedding.weight.detach())
 
 
-def test_an_item_that_is_not_plain_data_is_refused_not_dropped(tokenizers, tmp_path):
-    """With --trust-pickle the reader keeps such an item as an inert record; it cannot be saved back."""
+def test_an_item_that_is_not_plain_data_is_carried_unread_not_dropped(tokenizers, tmp_path):
+    """An item the allowlist would not unpickle is never unpickled: repair carries its record byte for byte
+    (behaviour change with issue 20: it used to be refused; unchanged items are no longer re-serialised)."""
     import pathlib
-
-    from ckptfix.errors import UnsafePickle
 
     model = new_run(OLD).model
     _quiet(dcp.save, {"model": model.state_dict(), "config": {"out_dir": pathlib.PurePosixPath("/runs/a")}},
            checkpoint_id=str(tmp_path / "src"))
-    with pytest.raises(UnsafePickle, match="pathlib"):
-        ckptfix.repair(tmp_path / "src", tokenizers[64], tmp_path / "out")
-    with pytest.raises(RepairError, match=r"config\.out_dir holds a pickled pathlib\.PurePosixPath"):
-        ckptfix.repair(tmp_path / "src", tokenizers[64], tmp_path / "out", trust_pickle=True)
-    assert sorted(os.listdir(tmp_path)) == ["src"]  # nothing written, no temp folder left
+    ckpt = read_checkpoint(tmp_path / "src")
+    assert any("config.out_dir" in n and "pathlib" in n for n in ckpt.notes)
+    ckptfix.repair(tmp_path / "src", tokenizers[64], tmp_path / "out")
+    state = {"model": new_run(64, seed=3).model.state_dict(), "config": {"out_dir": None}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, checkpoint_id=str(tmp_path / "out"), planner=dcp.DefaultLoadPlanner(allow_partial_load=True))
+    assert state["model"][EMBED].shape == (64, 16)
+    assert same_bits(state["model"][EMBED][:OLD], model.state_dict()[EMBED])
+
+
+def test_tied_head_single_process_keeps_optimizer_state(tokenizers, tmp_path):
+    """A tied head is saved by DCP under both names, with optimizer state for the embedding only: it is
+    reported tied and its moments are remapped (it used to be repaired with all optimizer state dropped)."""
+    run = train(new_run(OLD, tied=True), STEPS)
+    msd, osd = get_state_dict(run.model, run.optimizer)
+    _quiet(dcp.save, {"model": msd, "optim": osd, "sched": run.scheduler.state_dict()},
+           checkpoint_id=str(tmp_path / "src"))
+    assert read_checkpoint(tmp_path / "src").tied == {HEAD: EMBED}
+    result = ckptfix.repair(tmp_path / "src", tokenizers[64], tmp_path / "out")
+    assert result.to_json()["optimizer_state"] == "remapped"
+    fresh = new_run(64, tied=True, seed=5)
+    msd2, osd2 = get_state_dict(fresh.model, fresh.optimizer)
+    state = {"model": msd2, "optim": osd2, "sched": fresh.scheduler.state_dict()}
+    _quiet(dcp.load, state, checkpoint_id=str(tmp_path / "out"))
+    set_state_dict(fresh.model, fresh.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    fresh.scheduler.load_state_dict(state["sched"])
+    moments = fresh.optimizer.state[fresh.model.embedding.weight]
+    was = run.optimizer.state[run.model.embedding.weight]
+    assert float(moments["step"]) == STEPS
+    assert same_bits(moments["exp_avg_sq"][:OLD], was["exp_avg_sq"]) and fresh.model.head.weight is fresh.model.embedding.weight
+    assert_trains(train_on(fresh, 64))

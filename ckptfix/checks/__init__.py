@@ -90,7 +90,7 @@ def run_checks(ctx: Context) -> list[Finding]:
 
 
 def _load_check_modules() -> None:
-    from ckptfix.checks import adapters, integrity, numerics, optimizer, scaler, schedule, vocab  # noqa: F401
+    from ckptfix.checks import adapters, integrity, numerics, optimizer, scaler, schedule, sharded, vocab  # noqa: F401
 
 
 def registry() -> dict[str, Check]:

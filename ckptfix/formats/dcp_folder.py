@@ -14,23 +14,52 @@ Non-tensor items (`param_groups` options, user ints) are small pickles and are r
 
 State-dict structure comes from `planner_data` (fqn -> path tuple, e.g. `('optim', 'state',
 '0.weight', 'exp_avg')`), so parameter FQNs that contain dots stay intact.
+
+Sharded saves (FSDP2/DTensor on N ranks): a tensor's `TensorStorageMetadata.chunks` lists each rank's
+piece (offsets, sizes) and `storage_data` keys each piece by `MetadataIndex(fqn, offsets)`; every piece is
+its own `torch.save` zip in the saving rank's `__<rank>_0.distcp`. Such a tensor is a `ShardedTensor`:
+metadata now, and `read_stored()` assembles the pieces (each read in place) into one array.
+
+Layouts read (measured with real saves on torch 2.13, see tests/fsdp_factory.py):
+- nested `{model, optim, sched, ...}` from `get_state_dict` (optimizer state keyed by FQN);
+- torchtitan's CheckpointManager: model FQNs at the top level, `optimizer` flattened by
+  `flatten_optimizer_state_dict=True` (`state.<fqn>.exp_avg`, `param_groups.<fqn>.lr`), `lr_scheduler`,
+  `dataloader`, `train_state`;
+- Lightning's ModelParallelStrategy: `state_dict` and `optimizer_0` through DCP, the rest (`lr_schedulers`,
+  `global_step`) in a `torch.save`d `meta.pt` beside `.metadata`.
+A tied head is saved twice by DCP (both FQNs, identical bytes) while the optimizer holds state for one of
+them only: it is reported tied when every piece of the two tensors has the same size and CRC-32 and the
+optimizer (if any) lists just one of them.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import os
+import re
 import struct
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, file_map
+import numpy as np
+
+from ckptfix.checkpoint import (
+    _NUMPY_DTYPES,
+    ByteRange,
+    Checkpoint,
+    TensorInfo,
+    file_map,
+    stored_to_torch,
+)
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common
 from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDtype, load_pickle
 
 METADATA_FILE = ".metadata"
+LIGHTNING_META = "meta.pt"  # Lightning ModelParallelStrategy: what is not in DCP, torch.saved by rank 0
 _MD = "torch.distributed.checkpoint.metadata."
 # The only classes a DCP `.metadata` pickle may name (besides the weights allowlist: torch.Size, dtypes).
 DCP_GLOBALS = frozenset({
@@ -53,35 +82,72 @@ class Item:
     is_tensor: bool
     shape: tuple[int, ...] = ()
     dtype: str = "uint8"
-    chunks: int = 1
+    pieces: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # (offsets, sizes)
     blobs: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (file, offset, length, transforms)
+    blob_offsets: list[tuple[int, ...] | None] = field(default_factory=list)  # the piece each blob holds
+
+    @property
+    def chunks(self) -> int:
+        return max(len(self.pieces), 1)
+
+    def blob_for(self, offsets: tuple[int, ...]) -> tuple[str, int, int, Any] | None:
+        """The stored record of the piece at `offsets` (a single-piece item: its one blob)."""
+        for where, blob in zip(self.blob_offsets, self.blobs):
+            if where == offsets or (where is None and len(self.blobs) == 1):
+                return blob
+        return None
+
+
+@dataclass
+class DcpLayout:
+    """What the reader learnt about the folder, for inspect's report and the writer (`ckpt.raw`)."""
+
+    items: dict[str, Item]
+    world_size: int  # ranks that wrote a data file (`__<rank>_<n>.distcp`)
+    data_files: list[str]
+    model_items: dict[str, str] = field(default_factory=dict)  # model tensor name -> item fqn
+    moment_items: dict[tuple[Any, str], str] = field(default_factory=dict)  # (param fqn, key) -> item fqn
+    optimizer_prefix: tuple = ()  # planner path of the optimizer entry
+    scheduler_prefix: tuple | None = None  # planner path of the scheduler entry (None: not in DCP)
+    flattened_optimizer: bool = False  # torchtitan: `state.<fqn>.<key>` keys
+    meta_file: str | None = None  # Lightning's meta.pt
 
 
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Read a DCP folder: model, optimizer (FQN-keyed), scheduler; everything else into extras."""
     items, version = read_metadata(path)
-    ckpt = Checkpoint(path=path, format="dcp", raw=items)
+    layout = DcpLayout(items, *_data_files(path, items))
+    ckpt = Checkpoint(path=path, format="dcp", raw=layout)
     ckpt.extras["dcp_version"] = version
     tree = _tree(path, items, ckpt, trust_pickle)
     model_key = _pick(tree, common.MODEL_KEYS, lambda v: isinstance(v, dict) and _has_tensor(v))
-    optim_key = _pick(tree, common.OPTIMIZER_KEYS, common.is_optimizer_state)
+    optim_key = _pick(tree, _optimizer_keys(tree), _is_optimizer)
     sched_key = _pick(tree, common.SCHEDULER_KEYS, lambda v: isinstance(v, dict))
     used = {k for k in (model_key, optim_key, sched_key) if k is not None}
     if model_key is not None:
         ckpt.model = _flat_tensors(tree[model_key])
-    else:  # a bare `dcp.save(model.state_dict())`: top-level tensors are the model
+    else:  # a bare `dcp.save(model.state_dict())` or torchtitan: top-level tensors are the model
         ckpt.model = {k: v for k, v in tree.items() if isinstance(v, TensorInfo)}
         used.update(ckpt.model)
     ckpt.sections["model"] = model_key or ""
-    ckpt.tied = common.find_tied(ckpt.model)
+    layout.model_items = {name: _item_fqn(model_key, name) for name in ckpt.model}
     if optim_key is not None:
-        ckpt.optimizer = common.parse_optimizer(tree[optim_key], None, f"{path}: {optim_key}")
+        optimizer = tree[optim_key]
+        layout.optimizer_prefix = (optim_key,)
+        if _is_flattened_optimizer(optimizer):
+            optimizer, layout.flattened_optimizer = _unflatten_optimizer(optimizer), True
+        ckpt.optimizer = common.parse_optimizer(optimizer, None, f"{path}: {optim_key}")
         ckpt.sections["optimizer"] = optim_key
+        layout.moment_items = _moment_items(optim_key, optimizer, layout.flattened_optimizer)
     if sched_key is not None:
         ckpt.scheduler = tree[sched_key]
         ckpt.sections["scheduler"] = sched_key
+        layout.scheduler_prefix = (sched_key,)
     ckpt.extras.update({k: v for k, v in tree.items() if k not in used})
     ckpt.files = {"metadata": os.path.join(path, METADATA_FILE)}
+    _read_lightning_meta(path, ckpt, layout, trust_pickle)
+    ckpt.tied = common.find_tied(ckpt.model)
+    ckpt.tied.update(_saved_ties(ckpt, layout))
     if not ckpt.model and ckpt.optimizer is None:
         raise UnreadableCheckpoint(f"{path}: DCP checkpoint holds no model tensors or optimizer state "
                                    f"(top-level keys: {', '.join(map(str, list(tree)[:8]))})")
@@ -90,6 +156,120 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
 
 def _pick(tree: dict, keys: tuple[str, ...], accept: Callable[[Any], bool]) -> str | None:
     return next((k for k in keys if k in tree and accept(tree[k])), None)
+
+
+def _optimizer_keys(tree: dict) -> tuple[str, ...]:
+    # Lightning's ModelParallelStrategy names them optimizer_0, optimizer_1, ...
+    numbered = sorted((k for k in tree if isinstance(k, str) and re.fullmatch(r"optimizer_\d+", k)),
+                      key=lambda k: int(k.rsplit("_", 1)[1]))
+    return common.OPTIMIZER_KEYS + tuple(numbered)
+
+
+def _is_optimizer(value: Any) -> bool:
+    return common.is_optimizer_state(value) or _is_flattened_optimizer(value)
+
+
+def _is_flattened_optimizer(value: Any) -> bool:
+    """torchtitan's `flatten_optimizer_state_dict=True` form: `state.<fqn>.<key>` / `param_groups.<fqn>.<opt>`."""
+    return (isinstance(value, dict) and bool(value) and "state" not in value
+            and all(isinstance(k, str) and k.startswith(("state.", "param_groups.")) for k in value)
+            and any(k.startswith("param_groups.") for k in value))
+
+
+def _unflatten_optimizer(flat: dict) -> dict:
+    """The flattened form as an FQN-keyed `Optimizer.state_dict()`; parameters with equal options share a group
+    (the flattened form keeps each parameter's options, not the groups' boundaries)."""
+    state: dict[str, dict] = {}
+    options: dict[str, dict] = {}
+    for key, value in flat.items():
+        section, _, rest = key.partition(".")
+        fqn, _, name = rest.rpartition(".")
+        (state if section == "state" else options).setdefault(fqn, {})[name] = value
+    groups: dict[str, dict] = {}
+    for fqn, opts in options.items():
+        group = groups.setdefault(repr(sorted(opts.items(), key=lambda kv: kv[0])), {**opts, "params": []})
+        group["params"].append(fqn)
+    return {"state": state, "param_groups": list(groups.values())}
+
+
+def _item_fqn(prefix: str | None, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+def _moment_items(optim_key: str, optimizer: dict, flattened: bool) -> dict[tuple[Any, str], str]:
+    state = optimizer.get("state")
+    out = {}
+    for index, entries in (state.items() if isinstance(state, dict) else ()):
+        for key, value in (entries.items() if isinstance(entries, dict) else ()):
+            if isinstance(value, TensorInfo):
+                out[(index, key)] = (f"{optim_key}.state.{index}.{key}")
+    return out
+
+
+def _data_files(path: str, items: dict[str, Item]) -> tuple[int, list[str]]:
+    """The world size at save time, from the rank numbers of the data files the metadata names."""
+    files = sorted({blob[0] for item in items.values() for blob in item.blobs})
+    ranks = {int(m.group(1)) for f in files if (m := re.match(r"__(\d+)_\d+\.distcp$", os.path.basename(f)))}
+    return (max(ranks) + 1 if ranks else 1), files
+
+
+def _read_lightning_meta(path: str, ckpt: Checkpoint, layout: DcpLayout, trust_pickle: bool) -> None:
+    """Lightning ModelParallelStrategy keeps `lr_schedulers`, `global_step`, ... in `meta.pt` beside the shards."""
+    meta = os.path.join(path, LIGHTNING_META)
+    if not os.path.isfile(meta):
+        return
+    from ckptfix.errors import CkptfixError
+    from ckptfix.formats import torch_file
+
+    try:
+        tree, _, _ = torch_file.load(meta, opaque=trust_pickle)
+    except CkptfixError as exc:
+        ckpt.notes.append(f"{LIGHTNING_META} not read ({exc}); its schedule is not checked")
+        return
+    if not isinstance(tree, dict):
+        return
+    layout.meta_file = meta
+    ckpt.files[LIGHTNING_META] = meta
+    scheds = tree.get("lr_schedulers")
+    if ckpt.scheduler is None and isinstance(scheds, list) and scheds and isinstance(scheds[0], dict):
+        ckpt.scheduler = scheds[0]
+        ckpt.sections["scheduler"] = f"{LIGHTNING_META}:lr_schedulers[0]"
+    ckpt.extras.update({f"{LIGHTNING_META}:{k}": v for k, v in tree.items() if k != "lr_schedulers"})
+
+
+def _saved_ties(ckpt: Checkpoint, layout: DcpLayout) -> dict[str, str]:
+    """Tied heads: DCP saves both FQNs with the same bytes; the optimizer (if any) holds only the first."""
+    params = {p for g in ckpt.optimizer.groups for p in g.params} if ckpt.optimizer is not None else None
+    seen: dict[tuple, str] = {}
+    ties = {}
+    for name, info in ckpt.model.items():
+        if len(info.shape) != 2 or info.numel < 2:
+            continue
+        item = layout.items.get(layout.model_items.get(name, ""))
+        fingerprint = _fingerprint(item) if item is not None else None
+        if fingerprint is None:
+            continue
+        key = (info.shape, info.dtype, fingerprint)
+        first = seen.setdefault(key, name)
+        if first != name and (params is None or (first in params and name not in params)):
+            ties[name] = first
+    return ties
+
+
+def _fingerprint(item: Item) -> tuple | None:
+    """Each piece's offsets, sizes and its data records' CRC-32s (from the zip directory: no values read)."""
+    parts = []
+    for offsets, sizes in (item.pieces or [((), item.shape)]):
+        blob = item.blob_for(offsets) if item.pieces else (item.blobs[0] if len(item.blobs) == 1 else None)
+        if blob is None or blob[3]:
+            return None
+        try:
+            members = _Blob(blob[0], blob[1], blob[2], item.fqn).members
+        except UnreadableCheckpoint:
+            return None
+        parts.append((offsets, sizes, tuple(sorted((n, i.CRC, i.file_size) for n, i in members.items()
+                                                   if n.startswith("data/")))))
+    return tuple(parts)
 
 
 # --- .metadata -------------------------------------------------------------------------------------
@@ -128,6 +308,7 @@ def read_metadata(path: str) -> tuple[dict[str, Item], str | None]:
         if item is not None:
             item.blobs.append((os.path.join(path, str(blob.get("relative_path"))), int(blob.get("offset", 0)),
                                int(blob.get("length", 0)), blob.get("transform_descriptors")))
+            item.blob_offsets.append(_dims(where.get("offset"), file) if where.get("offset") is not None else None)
     version = state.get("version")
     return items, str(version) if version is not None else None
 
@@ -175,8 +356,21 @@ def _item(fqn: str, entry: Any, path: tuple, origin: str) -> Item:
     if not isinstance(dtype, TorchDtype):
         raise UnreadableCheckpoint(f"{origin}: tensor {fqn!r} has no readable dtype")
     chunks = fields.get("chunks")
-    return Item(fqn, path, is_tensor=True, shape=tuple(int(d) for d in fields.get("size", ())),
-                dtype=dtype.name, chunks=len(chunks) if isinstance(chunks, list) else 1)
+    pieces = [_piece(c, origin) for c in chunks] if isinstance(chunks, list) else []
+    return Item(fqn, path, is_tensor=True, shape=_dims(fields.get("size", ()), origin), dtype=dtype.name,
+                pieces=pieces)
+
+
+def _piece(chunk: Any, origin: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    fields = _fields(chunk, "ChunkStorageMetadata", origin)
+    return _dims(fields.get("offsets", ()), origin), _dims(fields.get("sizes", ()), origin)
+
+
+def _dims(value: Any, origin: str) -> tuple[int, ...]:
+    """A torch.Size as saved (a tuple of ints after the allowlist unpickler)."""
+    if not isinstance(value, (tuple, list)) or not all(isinstance(d, int) and d >= 0 for d in value):
+        raise UnreadableCheckpoint(f"{origin}: a tensor size or offset that is not a tuple of counts")
+    return tuple(value)
 
 
 def _guess_path(fqn: str) -> tuple:
@@ -199,9 +393,15 @@ def _tree(path: str, items: dict[str, Item], ckpt: Checkpoint, trust_pickle: boo
     """The state dict as saved (nested by planner paths): tensors lazy, small objects unpickled."""
     root: dict = {}
     pending: list[Any] = []
+    unread: list[str] = []
     for item in items.values():
         value = _tensor(path, item, pending) if item.is_tensor else _object(path, item, trust_pickle)
+        if isinstance(value, dict) and set(value) == {"unread"}:
+            unread.append(f"{item.fqn} ({value['unread']})")
         _insert(root, item.path, value)
+    if unread:
+        ckpt.notes.append(f"{len(unread)} non-tensor item(s) not unpickled: {', '.join(unread[:3])}"
+                          f"{', ...' if len(unread) > 3 else ''}; repair carries them unchanged")
     if pending:
         ckpt.notes.append(f"{len(pending)} tensor(s) cannot be read in place ({pending[0]}); "
                           "inspect still works, values need torch.distributed.checkpoint")
@@ -255,41 +455,100 @@ def _object(path: str, item: Item, trust_pickle: bool) -> Any:
     if length > MAX_ITEM_PICKLE:
         return {"unread": f"{length} bytes"}
     blob = _Blob(file, start, length, item.fqn)
-    return load_pickle(blob.member("data.pkl"), f"{file}: {item.fqn}", opaque=trust_pickle)
+    try:
+        return load_pickle(blob.member("data.pkl"), f"{file}: {item.fqn}", opaque=trust_pickle)
+    except UnsafePickle as exc:
+        # e.g. torchtitan's BytesIO loss history and dataloader state: not unpickled, never needed to
+        # repair (the writer carries every item it does not change byte for byte)
+        return {"unread": f"needs globals outside the allowlist ({', '.join(exc.globals_needed)})"}
 
 
 def _tensor(path: str, item: Item, pending: list[str]) -> TensorInfo:
-    """A lazily readable tensor: its bytes are the `data/<key>` record of its blob's zip."""
+    """A lazily readable tensor: its bytes are the `data/<key>` record of its blob's zip (or, sharded, of
+    each piece's blob)."""
     problem = _unreadable_reason(item)
-    info = TensorInfo(name=item.fqn, shape=item.shape, dtype=item.dtype, locate=_refuse(item, problem),
-                      storage_id=f"dcp:{item.fqn}")
     if problem:
         pending.append(f"{item.fqn}: {problem}")
-        return info
-    file, start, length, _ = item.blobs[0]
+        return TensorInfo(name=item.fqn, shape=item.shape, dtype=item.dtype, locate=_refuse(item, problem),
+                          storage_id=f"dcp:{item.fqn}")
+    if len(item.pieces) > 1:
+        return ShardedTensor(name=item.fqn, shape=item.shape, dtype=item.dtype, locate=_refuse(item, "sharded"),
+                             storage_id=f"dcp:{item.fqn}", item=item)
+    return _record_tensor(path, item.fqn, item.shape, item.dtype, item.blobs[0])
+
+
+def _record_tensor(path: str, name: str, shape: tuple[int, ...], dtype: str, blob_at: tuple) -> TensorInfo:
+    """The tensor whose `torch.save` zip lies at `blob_at` (file, offset, length, transforms)."""
+    file, start, length, _ = blob_at
     if not os.path.exists(file):
-        raise UnreadableCheckpoint(f"{path}: data file {os.path.basename(file)} (holding {item.fqn!r}) is missing")
-    blob = _Blob(file, start, length, item.fqn)
-    ref = load_pickle(blob.member("data.pkl"), f"{file}: {item.fqn}")
-    if not isinstance(ref, TensorRef) or ref.shape != item.shape or ref.dtype != item.dtype:
-        raise UnreadableCheckpoint(f"{file}: record of {item.fqn!r} does not hold the {list(item.shape)} "
-                                   f"{item.dtype} tensor .metadata describes")
+        raise UnreadableCheckpoint(f"{path}: data file {os.path.basename(file)} (holding {name!r}) is missing")
+    blob = _Blob(file, start, length, name)
+    ref = load_pickle(blob.member("data.pkl"), f"{file}: {name}")
+    if not isinstance(ref, TensorRef) or ref.shape != shape or ref.dtype != dtype:
+        raise UnreadableCheckpoint(f"{file}: record of {name!r} does not hold the {list(shape)} "
+                                   f"{dtype} tensor .metadata describes")
     if not ref.fits_storage():
-        raise UnreadableCheckpoint(f"{file}: record of {item.fqn!r} addresses bytes outside its storage")
+        raise UnreadableCheckpoint(f"{file}: record of {name!r} addresses bytes outside its storage")
     where = blob.record(f"data/{ref.storage.key}")
-    info.locate, info.offset, info.stride, info.ref = (lambda: where), ref.offset, ref.stride, ref
-    info.storage_id = f"{file}:{where.start}"
-    return info
+    return TensorInfo(name=name, shape=shape, dtype=dtype, locate=lambda: where, storage_id=f"{file}:{where.start}",
+                      offset=ref.offset, stride=ref.stride, ref=ref)
+
+
+@dataclass
+class ShardedTensor(TensorInfo):
+    """A tensor saved in pieces (one per rank): `read_stored()` assembles them; no single byte range."""
+
+    item: Item | None = None
+
+    def read_stored(self) -> np.ndarray:
+        assert self.item is not None
+        out = np.empty(self.shape, dtype=_NUMPY_DTYPES[self.dtype])
+        folder = os.path.dirname(self.item.blobs[0][0])
+        for offsets, sizes in self.item.pieces:
+            piece = _record_tensor(folder, self.item.fqn, sizes, self.dtype, self.item.blob_for(offsets))
+            out[tuple(slice(o, o + n) for o, n in zip(offsets, sizes))] = piece.read_stored()
+        out.flags.writeable = False
+        return out
+
+    def to_torch(self):
+        return stored_to_torch(self.read_stored().copy(), self.dtype)
 
 
 def _unreadable_reason(item: Item) -> str:
-    if item.chunks != 1 or len(item.blobs) != 1:
-        return f"stored in {max(item.chunks, len(item.blobs))} chunks (a sharded save)"
-    file, start, length, transforms = item.blobs[0]
+    if len(item.pieces) > 1:
+        return _pieces_problem(item)
+    if len(item.blobs) != 1:
+        return f"{len(item.blobs)} storage records for one piece"
+    return _blob_problem(item.blobs[0])
+
+
+def _blob_problem(blob: tuple) -> str:
+    file, start, length, transforms = blob
     if transforms:
         return f"stored with transforms {transforms} (e.g. compression)"
     if os.path.exists(file) and bytes(file_map(file)[start:start + 4]) != _ZIP_MAGIC:
         return "not a torch.save record (SAFETENSORS serialization is not supported)"
+    return ""
+
+
+def _pieces_problem(item: Item) -> str:
+    """Pieces must tile the tensor (inside it, counts adding up) and each have one readable record."""
+    if item.dtype not in _NUMPY_DTYPES:
+        return f"dtype {item.dtype} cannot be assembled"
+    total = 0
+    for offsets, sizes in item.pieces:
+        if len(offsets) != len(item.shape) or len(sizes) != len(item.shape) or any(
+                o + n > d for o, n, d in zip(offsets, sizes, item.shape)):
+            return f"a piece at {list(offsets)} of {list(sizes)} lies outside the {list(item.shape)} tensor"
+        blob = item.blob_for(offsets)
+        if blob is None:
+            return f"no storage record for the piece at {list(offsets)}"
+        problem = _blob_problem(blob)
+        if problem:
+            return problem
+        total += math.prod(sizes)
+    if total != math.prod(item.shape):
+        return f"its {len(item.pieces)} pieces hold {total} of {math.prod(item.shape)} elements (overlap or gap)"
     return ""
 
 

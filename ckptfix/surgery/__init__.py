@@ -63,7 +63,7 @@ class RepairResult:
 def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.PathLike | None = None, *,
            from_tokenizer: str | os.PathLike | None = None, policy: str | None = None, init: str = "mean",
            std: float = 0.02, pad_to_multiple_of: int | None = None, dry_run: bool = False, force: bool = False,
-           trust_pickle: bool = False, seed: int = 0,
+           trust_pickle: bool = False, seed: int = 0, in_place: bool = False,
            progress: Callable[[Iterable, int, str], Iterable] | None = None) -> RepairResult:
     """Fit a checkpoint to `tokenizer` and write it to `out` in the same format.
 
@@ -71,10 +71,16 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     optimizer state, keep the schedule position, the loop must re-warm) or "reset" (drop optimizer
     and scheduler state). init: "mean" (HF mean_resizing), "zeros" or "normal" (with `std`).
     `out` may equal the input only with `force`; the original is then kept as a `.bak`.
+    `in_place` (DCP folders): rewrite only what changes inside the source folder, keeping the previous
+    metadata as a backup that `ckptfix restore` puts back; `out` must then be omitted.
     """
     from ckptfix.tokenizers import load_tokenizer
 
     source = os.fspath(checkpoint)
+    if in_place:
+        return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
+                                std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
+                                trust_pickle=trust_pickle, seed=seed)
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
     # so it runs while the checkpoint and tokenizer are read and planned, and then during the copy.
     writes = not dry_run and out is not None and (force or not os.path.lexists(os.fspath(out)))
@@ -111,6 +117,35 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     finally:
         if hasher is not None:  # stop it pacing itself behind a copy that is not coming
             hasher.release()
+
+
+IN_PLACE_FORMATS = ("dcp",)
+
+
+def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str,
+                     std: float, pad_to_multiple_of: int | None, dry_run: bool, trust_pickle: bool,
+                     seed: int) -> RepairResult:
+    """Only what changes is written, into the source itself. The source is not hashed for the record
+    (that would read the whole folder, the cost in-place exists to avoid)."""
+    from ckptfix.tokenizers import load_tokenizer
+
+    if out is not None and os.path.abspath(os.fspath(out)) != os.path.abspath(source):
+        raise RepairError("--in-place writes into the checkpoint itself; drop -o/--out")
+    ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
+    if ckpt.format not in IN_PLACE_FORMATS:
+        raise RepairError(f"--in-place supports {', '.join(IN_PLACE_FORMATS)} folders, not {ckpt.format}; "
+                          "repair into a new path with -o")
+    tok = load_tokenizer(tokenizer)
+    old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
+    plan = make_plan(analyse(ckpt, tok), tok, old_tok, policy=policy, init=init, std=std,
+                     pad_to_multiple_of=pad_to_multiple_of)
+    if dry_run or plan.is_noop():
+        notes = [] if dry_run else ["nothing to change: the checkpoint already fits the tokenizer; nothing written"]
+        return RepairResult(plan, source if dry_run else None, dry_run, build_record(plan, None), notes=notes)
+    writer = _writer_for(ckpt.format, ckpt.path)
+    backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True,
+                    incremental=True)
+    return RepairResult(plan, source, False, build_record(plan, None), backup=backup)
 
 
 def _writer_for(fmt: str, path: str | None = None):

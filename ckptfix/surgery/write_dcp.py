@@ -1,127 +1,343 @@
-"""Write a repaired `torch.distributed.checkpoint` (DCP) folder with DCP itself, in one process.
+"""Write a repaired `torch.distributed.checkpoint` (DCP) folder, offline, in one process, no process group.
 
-The state dict is rebuilt as the reader describes it (`dcp_folder`: the nested structure from the
-`.metadata` planner paths, tensors lazy, small objects unpickled with the allowlist): unchanged tensors
-are copy-on-write maps of the source records, edited ones are produced by the plan, and the whole tree
-goes through `dcp.save` (single process, `no_dist`) into a temp folder that atomically becomes `out`. No
-home-made shard format: the output is whatever this torch's DCP writes, so `dcp.load` reads it.
-Memory: DCP's `FileSystemWriter` (torch 2.13) keeps every tensor of a data file referenced until the
-file is closed, so the edited tensors (vocab weights and their moments) are held together; the others
-are file-backed maps. A sharded (multi-rank) source is refused by the reader's `to_torch()`.
+Only what changes is written. The reader (`dcp_folder`) knows every item of the source's `.metadata`:
+its planner path, and for a tensor its pieces (one per saving rank) with the record holding each. The
+edited tensors (vocab weights assembled from their pieces, resized, and their moments) go through
+`dcp.save` (single process, `no_dist`) into one new data file; the new `.metadata` is DCP's own
+`Metadata` built with DCP's own types: the source's entries for everything unchanged (pointing at the
+source's data files, copied or left where they are) and the new save's entries for what changed. Each
+changed tensor is one piece covering it whole, so `dcp.load` reads it at any world size (DCP reshards
+on load: every rank narrows the pieces that overlap its own shard). Unchanged items, tensors or
+pickled objects (torchtitan's BytesIO dataloader state, anything the allowlist would not unpickle) are
+never unpickled nor rewritten: their bytes stay as saved.
+
+Two modes:
+- a new folder (`-o OUT`): the source's data files still referenced are copied whole with reflink
+  (copy-on-write, no data copied) where the file system has it, else `copy_file_range`; never hard links;
+  old vocab pieces stay in those copies, unreferenced. The folder appears atomically.
+- in place (`--in-place`): the new data file is added to the source folder, the previous `.metadata`
+  (and `ckptfix.json`) kept as backups listed in `ckptfix-restore.json`, and the new `.metadata` swapped
+  in with one rename; `ckptfix restore FOLDER` puts the old ones back. Cost: the changed tensors alone.
 
 Measured on torch 2.13, single process: `dcp.load` with the default planner requires every key of
 the state dict it fills to be in the checkpoint ("Missing key in checkpoint state_dict: optim.state.
 <fqn>.step"), while keys of the checkpoint absent from the state dict are ignored. `set_state_dict`
 accepts an optimizer state dict with `state == {}` (FQN `params` in `param_groups`) and leaves the
 optimizer with no state at all, i.e. fresh. So when the policy drops optimizer state the folder keeps
-the optimizer entry with `param_groups` only (the schedule position's lr stays) and the record says how
-to load it: a template from `get_state_dict` must have its optimizer `state` emptied first.
+the optimizer's `param_groups` only (the schedule position's lr stays) and the record says how to load
+it: a template from `get_state_dict` must have its optimizer `state` emptied first.
 """
 
 from __future__ import annotations
 
 import inspect
+import json
 import os
+import shutil
+import tempfile
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from ckptfix.checkpoint import Checkpoint, TensorInfo
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
-from ckptfix.formats.pickle_safe import OpaqueObject, TorchDevice, TorchDtype, _Record
-from ckptfix.io import atomic_folder, backup_path
+from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout, Item
+from ckptfix.io import atomic_folder, backup_path, clone_files, fsync_dir
 from ckptfix.surgery.plan import RepairPlan
-from ckptfix.surgery.torch_tree import edit_optimizer
+
+RESTORE_FILE = "ckptfix-restore.json"
+RECORD_FILE = "ckptfix.json"
+BACKUP_SUFFIX = ".ckptfix-bak"
+
+
+@dataclass
+class DcpEdits:
+    """What changes in the folder: items rewritten (fqn -> (planner path, new value)) and items removed."""
+
+    writes: dict[str, tuple[tuple, Any]] = field(default_factory=dict)
+    removes: set[str] = field(default_factory=set)
 
 
 def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
-                     in_place: bool, progress: Any = None) -> str | None:
-    """Save the repaired state dict with `dcp.save` into `out` (atomically) plus a `ckptfix.json` sidecar."""
-    import torch.distributed.checkpoint as dcp
-
-    from ckptfix.surgery import record_json
-
-    state = repaired_state(plan, rng)
+                     in_place: bool, progress: Any = None, incremental: bool = False) -> str | None:
+    """Write the repaired folder to `out` (a new folder), or into the source itself when `incremental`."""
+    layout = _layout(plan)
+    edits = plan_edits(plan, layout, rng)
+    if incremental:
+        return _write_in_place(plan, layout, edits, record_fn)
+    src = plan.ckpt.path
     backup = backup_path(out) if in_place and os.path.exists(out) else None
-    # One process even inside a distributed job: never a collective with ranks that are not saving.
-    single = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
     with atomic_folder(out, backup=in_place) as tmp:
-        with warnings.catch_warnings():  # "torch.distributed is disabled ... assuming a single process"
-            warnings.simplefilter("ignore")
-            dcp.save(state, checkpoint_id=tmp, **single)
-        with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
-            f.write(record_json(record_fn()))
+        new_file = _save_changed(edits, tmp, _new_data_name(src))
+        metadata = merged_metadata(layout, edits, new_file, tmp, src)
+        referenced = sorted({info.relative_path for info in metadata.storage_data.values()} - {new_file})
+        extras = _other_files(src)
+        method = clone_files([(os.path.join(src, name), os.path.join(tmp, name)) for name in referenced + extras])
+        plan.notes.append(f"DCP: {len(referenced)} data file(s) copied ({method}); changed tensors written to "
+                          f"{new_file}")
+        _write_metadata(metadata, os.path.join(tmp, METADATA_FILE))
+        with open(os.path.join(tmp, RECORD_FILE), "wb") as f:
+            f.write(_record(record_fn))
     return backup
 
 
-def repaired_state(plan: RepairPlan, rng: np.random.Generator) -> dict:
-    """The state dict to save: the source's tree with the plan applied, as torch objects."""
-    ckpt = plan.ckpt
-    items, _ = dcp_folder.read_metadata(ckpt.path)
-    # Opaque mode imports nothing; anything that is not plain data is refused below, by name.
-    tree = dcp_folder._tree(ckpt.path, items, Checkpoint(path=ckpt.path, format="dcp"), trust_pickle=True)
-    optim_key, sched_key = ckpt.sections.get("optimizer"), ckpt.sections.get("scheduler")
-    if optim_key is not None and isinstance(tree.get(optim_key), dict):
-        tree[optim_key] = edit_optimizer(tree[optim_key], plan, None)  # type: ignore[arg-type]  # groups per policy; state dropped if so
-        if plan.drop_optimizer_state:
-            plan.notes.append(
-                f"DCP: the optimizer entry {optim_key!r} keeps param_groups but no state; dcp.load of a "
-                "get_state_dict template reports its state keys missing: empty the template's optimizer "
-                "'state' before dcp.load, then set_state_dict leaves the optimizer fresh")
-    if plan.reset_scheduler and sched_key is not None:
-        del tree[sched_key]
-        plan.notes.append(f"DCP: the scheduler entry {sched_key!r} was removed; do not load it (a new schedule starts)")
-    builder = _Builder(plan, rng)
-    return {key: builder.convert(value, (key,)) for key, value in tree.items()}
+def _layout(plan: RepairPlan) -> DcpLayout:
+    layout = plan.ckpt.raw
+    if not isinstance(layout, DcpLayout):  # a Checkpoint built elsewhere: read the folder again
+        layout = dcp_folder.read(plan.ckpt.path).raw
+    return layout
 
 
-class _Builder:
-    """Reader values -> what dcp.save takes: tensors mapped (or edited per plan), records to torch."""
+# --- what changes ------------------------------------------------------------------------------------
 
-    def __init__(self, plan: RepairPlan, rng: np.random.Generator):
-        self.plan, self.rng = plan, rng
-        self.model_key = plan.ckpt.sections.get("model")
-        self.optim_key = plan.ckpt.sections.get("optimizer")
-
-    def convert(self, node: Any, path: tuple) -> Any:
-        if isinstance(node, TensorInfo):
-            return self.tensor(node, path)
-        if isinstance(node, dict):
-            if set(node) == {"unread"} and isinstance(node["unread"], str):
-                raise RepairError(f"{self.plan.ckpt.path}: item {_fqn(path)} was not read ({node['unread']}); "
-                                  "ckptfix cannot write it back")
-            return {k: self.convert(v, path + (k,)) for k, v in node.items()}
-        if isinstance(node, list):
-            return [self.convert(v, path + (i,)) for i, v in enumerate(node)]
-        if isinstance(node, tuple):
-            return tuple(self.convert(v, path + (i,)) for i, v in enumerate(node))
-        if isinstance(node, TorchDtype):
-            import torch
-
-            return getattr(torch, node.name)
-        if isinstance(node, TorchDevice):
-            import torch
-
-            return torch.device(node.spec)
-        if isinstance(node, (OpaqueObject, _Record)):
-            what = node.cls if isinstance(node, OpaqueObject) else type(node).__name__
-            raise RepairError(f"{self.plan.ckpt.path}: item {_fqn(path)} holds a pickled {what}; "
-                              "ckptfix writes back only tensors and plain data")
-        return node
-
-    def tensor(self, info: TensorInfo, path: tuple) -> Any:
-        plan, edit = self.plan, None
-        if (self.model_key == "" and len(path) == 1) or path[0] == self.model_key:
-            name = _fqn(path[1:] if self.model_key else path)  # the name dcp_folder gives it in the model
-            edit = plan.weights.get(plan.ckpt.tied.get(name, name))
-        elif path[0] == self.optim_key and len(path) == 4 and path[1] == "state":
-            edit = plan.moments.get((path[2], path[3]))
-        if edit is None:
-            return info.to_torch()  # a copy-on-write map of the source record
-        return edit.produce_torch(plan.init, plan.std, self.rng)
+def plan_edits(plan: RepairPlan, layout: DcpLayout, rng: np.random.Generator) -> DcpEdits:
+    """The items to rewrite or remove, decided from the plan; every edit of the plan lands in an item."""
+    edits, produced = DcpEdits(), {}
+    for name, fqn in layout.model_items.items():
+        edit = plan.weights.get(plan.ckpt.tied.get(name, name))
+        if edit is not None:
+            if edit.name not in produced:  # a tied head gets the very same values as its embedding
+                produced[edit.name] = edit.produce_torch(plan.init, plan.std, rng)
+            edits.writes[fqn] = (layout.items[fqn].path, produced[edit.name])
+    missing = [n for n in plan.weights if layout.model_items.get(n) not in edits.writes]
+    if missing:
+        raise RepairError(f"{plan.ckpt.path}: cannot find the DCP item of {', '.join(missing)}; nothing written")
+    if plan.drop_optimizer_state:
+        edits.removes.update(_optimizer_state_items(layout))
+        plan.notes.append(
+            f"DCP: the optimizer entry {layout.optimizer_prefix[0]!r} keeps param_groups but no state; dcp.load of "
+            "a get_state_dict template reports its state keys missing: empty the template's optimizer 'state' "
+            "before dcp.load, then set_state_dict leaves the optimizer fresh")
+    else:
+        for key, edit in plan.moments.items():
+            fqn = layout.moment_items.get(key)
+            if fqn is None or fqn not in layout.items:
+                raise RepairError(f"{plan.ckpt.path}: cannot find the DCP item of {edit.name}; nothing written")
+            edits.writes[fqn] = (layout.items[fqn].path, edit.produce_torch(plan.init, plan.std, rng))
+    if plan.reset_scheduler:
+        _plan_scheduler_reset(plan, layout, edits)
+    return edits
 
 
-def _fqn(path: tuple) -> str:
-    return ".".join(map(str, path))
+def _optimizer_state_items(layout: DcpLayout) -> set[str]:
+    prefix = layout.optimizer_prefix
+    out = set()
+    for fqn, item in layout.items.items():
+        path = item.path
+        if path[:len(prefix)] == prefix and len(path) > len(prefix):
+            head = path[len(prefix)]
+            if head == "state" or (layout.flattened_optimizer and str(head).startswith("state.")):
+                out.add(fqn)
+    return out
+
+
+def _plan_scheduler_reset(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits) -> None:
+    if layout.scheduler_prefix is None:
+        raise RepairError(f"{plan.ckpt.path}: the scheduler lives in {dcp_folder.LIGHTNING_META}, which repair "
+                          "does not rewrite; use --policy fresh (and build a new scheduler when resuming)")
+    prefix = layout.scheduler_prefix
+    edits.removes.update(f for f, item in layout.items.items() if item.path[:len(prefix)] == prefix)
+    plan.notes.append(f"DCP: the scheduler entry {prefix[0]!r} was removed; do not load it (a new schedule starts)")
+    # the schedule starts again from its base LR: each group's `lr` item takes its `initial_lr`
+    by_path = {item.path: item for item in layout.items.values()}
+    for fqn, item in layout.items.items():
+        if item.path[:len(layout.optimizer_prefix)] != layout.optimizer_prefix or item.is_tensor:
+            continue
+        last = str(item.path[-1])
+        if last == "lr" or last.endswith(".lr"):
+            sibling = by_path.get(item.path[:-1] + (last[:-2] + "initial_lr",))
+            if sibling is not None:
+                value = dcp_folder._object(plan.ckpt.path, sibling, False)
+                if isinstance(value, (int, float)):
+                    edits.writes[fqn] = (item.path, value)
+
+
+# --- writing -------------------------------------------------------------------------------------------
+
+def _new_data_name(*folders: str) -> str:
+    """A data file name no rank file uses (`__<rank>_<n>.distcp`) and the folders do not hold yet."""
+    n = 0
+    while any(os.path.lexists(os.path.join(f, f"__ckptfix{n}_0.distcp")) for f in folders):
+        n += 1
+    return f"__ckptfix{n}_0.distcp"
+
+
+def _save_changed(edits: DcpEdits, folder: str, name: str) -> str:
+    """`dcp.save` the changed items (nested as in the source) into `folder/name`; returns `name`."""
+    import torch.distributed.checkpoint as dcp
+
+    if not edits.writes:
+        return name
+    tree: dict = {}
+    for path, value in edits.writes.values():
+        dcp_folder._insert(tree, path, value)
+    scratch = tempfile.mkdtemp(prefix=".dcp-save", dir=folder)
+    try:
+        single = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
+        with warnings.catch_warnings():  # "torch.distributed is disabled ... assuming a single process"
+            warnings.simplefilter("ignore")
+            dcp.save(tree, checkpoint_id=scratch, **single)
+        files = [f for f in os.listdir(scratch) if f.endswith(".distcp")]
+        if files != ["__0_0.distcp"]:
+            raise RepairError(f"dcp.save wrote {files}, expected one data file; nothing written")
+        os.replace(os.path.join(scratch, files[0]), os.path.join(folder, name))
+        os.replace(os.path.join(scratch, METADATA_FILE), os.path.join(folder, f".{name}.metadata"))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return name
+
+
+def merged_metadata(layout: DcpLayout, edits: DcpEdits, new_file: str, folder: str, source: str):
+    """DCP's `Metadata` for the repaired folder: unchanged items as the source has them, changed ones as
+    the new save wrote them (their storage renamed to `new_file`)."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
+
+    sdm, planner, storage = {}, {}, {}
+    for fqn, item in layout.items.items():
+        if fqn in edits.removes or fqn in edits.writes:
+            continue
+        sdm[fqn], planner[fqn] = _storage_metadata(item), item.path
+        for index, (where, blob) in enumerate(zip(item.blob_offsets, item.blobs)):
+            file, offset, length, transforms = blob
+            storage[MetadataIndex(fqn, where, index)] = _StorageInfo(
+                os.path.relpath(file, source), offset, length, transforms)
+    if edits.writes:
+        side = os.path.join(folder, f".{new_file}.metadata")
+        new = _read_own_metadata(side)
+        os.remove(side)
+        if set(new.state_dict_metadata) != set(edits.writes):
+            raise RepairError("dcp.save named the changed items differently from the source; nothing written")
+        sdm.update(new.state_dict_metadata)
+        planner.update({k: v for k, v in (new.planner_data or {}).items() if k in edits.writes})
+        for index, info in new.storage_data.items():
+            storage[index] = _StorageInfo(new_file, info.offset, info.length,
+                                          getattr(info, "transform_descriptors", None))
+    return Metadata(state_dict_metadata=sdm, planner_data=planner, storage_data=storage)
+
+
+def _read_own_metadata(path: str):
+    """The `.metadata` our own `dcp.save` just wrote (never the source's: that one is read by the allowlist)."""
+    import pickle
+
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
+def _storage_metadata(item: Item):
+    import torch
+    from torch.distributed.checkpoint.metadata import (
+        BytesStorageMetadata,
+        ChunkStorageMetadata,
+        TensorProperties,
+        TensorStorageMetadata,
+    )
+
+    if not item.is_tensor:
+        return BytesStorageMetadata()
+    pieces = item.pieces or [((0,) * len(item.shape), item.shape)]
+    return TensorStorageMetadata(TensorProperties(dtype=getattr(torch, item.dtype)), torch.Size(item.shape),
+                                 [ChunkStorageMetadata(torch.Size(o), torch.Size(s)) for o, s in pieces])
+
+
+def _write_metadata(metadata: Any, path: str) -> None:
+    """As `FileSystemWriter.finish` writes it: one pickle of the Metadata."""
+    import pickle
+
+    with open(path, "wb") as f:
+        pickle.dump(metadata, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _other_files(src: str) -> list[str]:
+    """Files beside the data that belong to the checkpoint (Lightning's meta.pt, a user's notes), not ours."""
+    ours = {METADATA_FILE, RECORD_FILE, RESTORE_FILE}
+    return sorted(n for n in os.listdir(src) if os.path.isfile(os.path.join(src, n)) and n not in ours
+                  and not n.endswith((".distcp", BACKUP_SUFFIX)))
+
+
+def _record(record_fn: Callable[[], dict]) -> bytes:
+    from ckptfix.surgery import record_json
+
+    return record_json(record_fn())
+
+
+# --- in place + restore ---------------------------------------------------------------------------------
+
+def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record_fn: Callable[[], dict]) -> str:
+    """New data file + backups + one atomic rename of `.metadata`; returns the backup of the metadata."""
+    folder = plan.ckpt.path
+    if os.path.exists(os.path.join(folder, RESTORE_FILE)):
+        raise RepairError(f"{folder}: holds an earlier in-place repair; `ckptfix restore {folder}` it first, "
+                          "or repair into a new folder (-o)")
+    new_file = _new_data_name(folder)
+    added = [new_file] if edits.writes else []
+    try:
+        _save_changed(edits, folder, new_file)
+        metadata = merged_metadata(layout, edits, new_file, folder, folder)
+        backups = {}
+        for name in (METADATA_FILE, RECORD_FILE):
+            if os.path.exists(os.path.join(folder, name)):
+                shutil.copy2(os.path.join(folder, name), os.path.join(folder, name + BACKUP_SUFFIX))
+                backups[name] = name + BACKUP_SUFFIX
+        _atomic_write(os.path.join(folder, RESTORE_FILE),
+                      json.dumps({"added": added, "backups": backups}, indent=2).encode())
+        _atomic_write(os.path.join(folder, RECORD_FILE), _record(record_fn))
+        tmp = os.path.join(folder, f".{METADATA_FILE}.ckptfix-tmp")
+        _write_metadata(metadata, tmp)
+        os.replace(tmp, os.path.join(folder, METADATA_FILE))  # the one step that switches the checkpoint
+        fsync_dir(folder)
+    except BaseException:
+        for name in added:
+            with _suppress():
+                os.remove(os.path.join(folder, name))
+        raise
+    plan.notes.append(f"DCP in place: changed tensors written to {new_file}; the previous .metadata is kept as "
+                      f"{METADATA_FILE}{BACKUP_SUFFIX} (undo: ckptfix restore {folder})")
+    return os.path.join(folder, METADATA_FILE + BACKUP_SUFFIX)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    tmp = path + ".ckptfix-tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return exc[0] is not None and issubclass(exc[0], OSError)
+
+
+def restore(folder: str) -> list[str]:
+    """Undo an in-place repair: the backed-up files back under their names (`.metadata` first: it is what
+    switches the checkpoint), then the added data files removed. Returns what was done, one line each."""
+    record = os.path.join(folder, RESTORE_FILE)
+    try:
+        with open(record, "rb") as f:
+            state = json.loads(f.read())
+    except (OSError, ValueError):
+        raise RepairError(f"{folder}: no in-place repair to undo ({RESTORE_FILE} missing or unreadable)") from None
+    done = []
+    backups = state.get("backups") or {}
+    for name in sorted(backups, key=lambda n: n != METADATA_FILE):  # `.metadata` first: the checkpoint's switch
+        os.replace(os.path.join(folder, os.path.basename(backups[name])), os.path.join(folder, os.path.basename(name)))
+        done.append(f"restored {name}")
+    if RECORD_FILE not in backups and os.path.exists(os.path.join(folder, RECORD_FILE)):
+        os.remove(os.path.join(folder, RECORD_FILE))
+    for name in state.get("added") or []:
+        with _suppress():
+            os.remove(os.path.join(folder, os.path.basename(name)))
+            done.append(f"removed {name}")
+    os.remove(record)
+    fsync_dir(folder)
+    return done
