@@ -132,7 +132,7 @@ def test_in_place_writes_only_the_changed_pieces_and_restore_undoes_it(two_ranks
     assert torch.equal(state["model"][EMBED][:OLD], two_ranks[1]["model"][EMBED])
 
     with pytest.raises(RepairError, match="earlier in-place repair"):
-        ckptfix.repair(folder, tokenizers[40], in_place=True)
+        ckptfix.repair(folder, tokenizers[64], in_place=True, policy="fresh")
     from ckptfix.surgery.write_dcp import restore
 
     restore(str(folder))
