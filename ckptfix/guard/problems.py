@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Problem", "TrainingSetupError", "TrainingSetupWarning", "format_names", "MAX_NAMES"]
@@ -50,14 +50,21 @@ class TrainingSetupWarning(UserWarning):
     """Warning-level findings, emitted through `warnings.warn` in guard mode."""
 
 
+def raise_or_warn(problems: Sequence[Problem], error: Callable[[list[Problem]], Exception],
+                  stacklevel: int = 3) -> None:
+    """The guard's one ending: raise `error(problems)` if any is an error, else `warnings.warn` each.
+    `stacklevel` 3 points the warning at the caller of the function that calls this."""
+    if any(p.severity == "error" for p in problems):
+        raise error(list(problems))
+    for problem in problems:
+        warnings.warn(str(problem), TrainingSetupWarning, stacklevel=stacklevel)
+
+
 def _report(problems: list[Problem], raise_on_error: bool, stacklevel: int = 3) -> list[Problem]:
     """Guard mode (`raise_on_error`): raise on errors, `warnings.warn` the warnings.
 
     Report mode: return everything and have no side effects.
     """
     if raise_on_error:
-        if any(p.severity == "error" for p in problems):
-            raise TrainingSetupError(problems)
-        for problem in problems:
-            warnings.warn(str(problem), TrainingSetupWarning, stacklevel=stacklevel)
+        raise_or_warn(problems, TrainingSetupError, stacklevel + 1)
     return problems

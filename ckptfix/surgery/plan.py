@@ -38,6 +38,7 @@ class TensorEdit:
     source: TensorInfo
     plan: RowPlan
     moment_key: str | None = None
+    owner: str | None = None  # a moment's weight (its model tensor name); None for a weight
 
     @property
     def new_shape(self) -> tuple[int, ...]:
@@ -161,7 +162,8 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
                 mplan = rows_plan if moment_rows == v.rows else plan_by_id(moment_rows, rows_plan.new_rows)
                 if mplan is not rows_plan:
                     plan.notes.append(f"{key} of {v.name} had {moment_rows} rows, not {v.rows}: resized by id")
-                plan.moments[(v.optimizer_index, key)] = TensorEdit(f"{v.name}:{key}", v.role, moment, mplan, key)
+                plan.moments[(v.optimizer_index, key)] = TensorEdit(f"{v.name}:{key}", v.role, moment, mplan, key,
+                                                                 owner=v.name)
             if ckpt.optimizer is not None and v.optimizer_index is None:
                 plan.notes.append(f"no optimizer state could be matched to {v.name}; its moments (if any) are dropped")
                 plan.drop_optimizer_state = True

@@ -1,0 +1,284 @@
+"""Carry out a `ResumePlan` on the live torch objects, and check afterwards what landed.
+
+`Apply(plan, ckpt, model, optimizer, scheduler, scaler)`: `.model()` loads the model tensors (vocab
+ones resized with the plan's repair edits), `.training_state()` the optimizer, scheduler and scaler;
+each returns the actions taken. `not_landed` and `check_live_state` look at the live objects after
+loading (CKF820, CKF822, CKF823). Values are materialised here, never in the plan.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import torch
+
+from ckptfix.guard.problems import Problem
+from ckptfix.guard.resume_plan import ResumePlan
+from ckptfix.guard.setup import named_params, unwrap_optimizer
+from ckptfix.mapping import MOMENT_KEYS
+
+#: Elements compared per tensor to prove it was loaded (evenly spread over the tensor).
+SAMPLE = 64
+
+
+class Values:
+    """Checkpoint values as torch objects (private copies: nothing keeps the file mapped)."""
+
+    def __init__(self, ckpt: Any):
+        self.ckpt = ckpt
+        self._locators: dict[str, Any] = {}
+
+    def tensor(self, info: Any) -> torch.Tensor:
+        return info.to_torch().clone()
+
+    def __call__(self, value: Any, part: str = "extras", name: str = "") -> Any:
+        from ckptfix.checkpoint import TensorInfo
+        from ckptfix.formats.pickle_safe import TensorRef, TorchDevice, TorchDtype
+
+        if isinstance(value, TensorInfo):
+            return self.tensor(value)
+        if isinstance(value, TensorRef):
+            from ckptfix.formats.common import tensor_from_ref
+
+            return self.tensor(tensor_from_ref(name or part, value, self._locator(part)))
+        if isinstance(value, TorchDtype):
+            return getattr(torch, value.name, value)
+        if isinstance(value, TorchDevice):
+            try:
+                return torch.device(str(value.spec))
+            except (RuntimeError, TypeError):
+                return value
+        if isinstance(value, OrderedDict):
+            return OrderedDict((k, self(v, part, f"{name}.{k}")) for k, v in value.items())
+        if isinstance(value, dict):
+            return {k: self(v, part, f"{name}.{k}") for k, v in value.items()}
+        if isinstance(value, list):
+            return [self(v, part, f"{name}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, tuple) and not hasattr(value, "_fields"):
+            return tuple(self(v, part, f"{name}[{i}]") for i, v in enumerate(value))
+        return value
+
+    def _locator(self, part: str) -> Any:
+        file = self.ckpt.files.get(part) or self.ckpt.path
+        if file not in self._locators:
+            handle = self.ckpt.handle
+            if file == self.ckpt.path and hasattr(handle, "record_range"):
+                self._locators[file] = lambda storage: (lambda: handle.record_range(storage.key))
+            else:
+                from ckptfix.formats import torch_file
+
+                self._locators[file] = torch_file.load(file)[1]
+        return self._locators[file]
+
+
+class Apply:
+    """One plan carried out on the live objects (resized tensors produced once: tied aliases share)."""
+
+    def __init__(self, plan: ResumePlan, ckpt: Any, model: Any, optimizer: Any = None, scheduler: Any = None,
+                 scaler: Any = None):
+        self.plan, self.ckpt = plan, ckpt
+        self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.values = Values(ckpt)
+        self.loaded: dict[str, torch.Tensor] = {}
+        self._rng = np.random.default_rng(0)
+        self._produced: dict[str, torch.Tensor] = {}
+
+    def _produce(self, edit: Any) -> torch.Tensor:
+        if edit.name not in self._produced:
+            self._produced[edit.name] = edit.produce_torch(self.plan.model.repair.init, 0.02, self._rng)
+        return self._produced[edit.name]
+
+    def model_tensors(self) -> list[str]:
+        side, actions = self.plan.model, []
+        if side.renamed:
+            actions.append(side.renamed)
+        for owner in sorted(side.used_edits):
+            edit = side.repair.weights[owner]
+            actions.append(f"resized {owner} {list(edit.source.shape)} -> {list(edit.new_shape)} "
+                           f"(rows kept by id; {edit.plan.dropped} dropped, {edit.plan.new} new "
+                           f"initialised by '{side.repair.init}')")
+        for lname, cname in side.load.items():
+            edit = side.weight_edit(self.ckpt.tied.get(cname, cname))
+            self.loaded[lname] = self._produce(edit) if edit is not None else self.ckpt.model[cname].to_torch()
+        self.model.load_state_dict(self.loaded, strict=False)
+        actions.append(f"loaded {len(self.loaded)} model tensor(s)")
+        return actions
+
+    def training_state(self) -> list[str]:
+        """Optimizer, scheduler and scaler, as the plan decided."""
+        plan, actions = self.plan, []
+        if plan.optimizer_action == "groups":
+            self._load_optimizer(with_state=False)
+            actions.append("dropped the optimizer state (param-group options kept)")
+        elif plan.optimizer_action == "fresh":
+            actions.append("dropped the optimizer state (fresh optimizer)")
+        elif plan.optimizer_action == "load":
+            self._load_optimizer(with_state=True)
+            actions.append(f"loaded optimizer state (matched by {plan.optimizer.matched_by})")
+            if plan.optimizer.moved:
+                actions.append(f"gave {plan.optimizer.moved} parameter(s) the optimizer state "
+                               "recorded under their name (not their position)")
+            repair = plan.model.repair
+            if repair is not None and any(e.owner in plan.model.used_edits for e in repair.moments.values()):
+                actions.append("resized the optimizer moments of the resized tensors "
+                               "with the same row plan (kept rows bit-identical)")
+        if plan.scheduler_action == "keep":
+            actions.append("kept the scheduler's fresh state (reset)")
+        elif plan.scheduler_action == "load":
+            self.scheduler.load_state_dict(self.values(dict(self.ckpt.scheduler), "scheduler", "scheduler"))
+            actions.append("loaded scheduler state")
+        if plan.sync_lr and self._sync_lr_from_scheduler():
+            actions.append("set each param group's lr to the restored scheduler's")
+        if plan.load_scaler:
+            actions += self._load_scaler()
+        return actions
+
+    def extras(self) -> dict[str, Any]:
+        return {k: self.values(v, "extras", str(k)) for k, v in self.ckpt.extras.items()}
+
+    def _load_optimizer(self, with_state: bool) -> None:
+        """optimizer.load_state_dict with a state dict built for the live positions."""
+        opt = unwrap_optimizer(self.optimizer)
+        copt, values, side = self.ckpt.optimizer, self.values, self.plan.model
+        groups, start = [], 0
+        for cg, lg in zip(copt.groups, opt.param_groups):
+            options = {k: values(v, "optimizer", f"param_groups.{k}")
+                       for k, v in cg.options.items() if k != "param_names"}
+            n = len(lg["params"])
+            groups.append({**options, "params": list(range(start, start + n))})
+            start += n
+        state: dict[int, dict[str, Any]] = {}
+        for ci, pos in (self.plan.optimizer.assign.items() if with_state else ()):
+            ps = copt.state.get(ci)
+            if ps is None:
+                continue
+            entry: dict[str, Any] = {}
+            for key, info in ps.tensors.items():
+                edit = side.moment_edit(ci, key)
+                entry[key] = self._produce(edit) if edit is not None else values.tensor(info)
+            if ps.step is not None:
+                entry["step"] = (int(ps.step) if copt.kind == "adafactor"
+                                 else torch.tensor(float(ps.step), dtype=torch.float32))
+            entry.update({k: values(v, "optimizer", f"state.{ci}.{k}") for k, v in ps.other.items()})
+            state[pos] = entry
+        opt.load_state_dict({"state": state, "param_groups": groups})
+
+    def _sync_lr_from_scheduler(self) -> bool:
+        """Optimizer state dropped without its param groups: take the lr the scheduler set last."""
+        get = getattr(self.scheduler, "get_last_lr", None)
+        lrs = get() if callable(get) else None
+        opt = unwrap_optimizer(self.optimizer)
+        if not (isinstance(lrs, list) and len(lrs) == len(opt.param_groups)):
+            return False
+        for g, lr in zip(opt.param_groups, lrs):
+            g["lr"] = lr
+        return True
+
+    def _load_scaler(self) -> list[str]:
+        state = self.values(dict(self.ckpt.scaler), "scaler", "scaler")
+        if not state:
+            return []  # saved from a disabled scaler; CKF827 said so
+        actions = []
+        repair = self.plan.model.repair
+        if repair is not None and repair.reset_scaler:
+            from ckptfix.surgery.plan import DEFAULT_SCALE
+
+            state["scale"] = DEFAULT_SCALE
+            state["_growth_tracker"] = 0
+            actions.append(f"reset the GradScaler scale to {DEFAULT_SCALE:g} (it had collapsed)")
+        self.scaler.load_state_dict(state)
+        return actions + ["loaded GradScaler state"]
+
+
+# ---------------------------------------------------------------------------------------------
+# After loading: what landed
+# ---------------------------------------------------------------------------------------------
+
+
+def same_values(live: torch.Tensor, ref: torch.Tensor, prefix: int | None = None, full: bool = False) -> bool | None:
+    """Do `live` and `ref` hold the same values (the first `prefix` flat elements only, if set)?
+
+    Compares SAMPLE elements spread evenly over the tensor (all of them with `full`), after
+    casting the reference to the live dtype (the cast `load_state_dict` applies). None: cannot tell
+    (meta tensors, dtypes without ==).
+    """
+    live = live.detach()
+    if live.device.type == "meta":
+        return None
+    n = live.numel() if prefix is None else prefix
+    if n == 0:
+        return True
+    flat_live, flat_ref = live.reshape(-1)[:n], ref.detach().reshape(-1)[:n]
+    if not full and n > SAMPLE:
+        index = torch.linspace(0, n - 1, SAMPLE, dtype=torch.float64).round().long()
+        flat_live = flat_live[index.to(flat_live.device)]
+        flat_ref = flat_ref[index]
+    try:
+        flat_ref = flat_ref.to(device=flat_live.device, dtype=flat_live.dtype)
+        equal = flat_live == flat_ref
+        if flat_live.is_floating_point() or flat_live.is_complex():
+            equal |= torch.isnan(flat_live) & torch.isnan(flat_ref)
+        return bool(equal.all())
+    except (RuntimeError, TypeError):
+        return None
+
+
+def not_landed(model: Any, loaded: dict[str, torch.Tensor]) -> Problem | None:
+    """CKF820 after our own load: every tensor loaded must now be in the model."""
+    live = model.state_dict(keep_vars=True)
+    bad = [k for k, v in loaded.items() if k in live and same_values(live[k], v) is False]
+    if not bad:
+        return None
+    return Problem(
+        "CKF820", "error",
+        f"{len(bad)} tensor(s) did not land in the model after load_state_dict: the model "
+        "ignores them (a load_state_dict pre-hook or override that filters keys?).",
+        tuple(bad),
+    )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_live_state(model: Any, optimizer: Any) -> list[Problem]:
+    """The live optimizer state against its parameters: CKF822 a moment shaped unlike its
+    parameter (state loaded by position onto other parameters); CKF823 another dtype/device."""
+    if optimizer is None:
+        return []
+    opt = unwrap_optimizer(optimizer)
+    names = {id(p): n for n, p in named_params(model).items()}
+    bad, misshaped = [], []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            name = names.get(id(p), f"<unnamed {list(p.shape)}>")
+            for key, value in opt.state.get(p, {}).items():
+                if not isinstance(value, torch.Tensor) or key == "step":
+                    continue
+                if key in MOMENT_KEYS and value.shape != p.shape:
+                    misshaped.append(f"{name} {list(p.shape)} <- {key} {list(value.shape)}")
+                    break
+                if value.shape == p.shape and (value.dtype != p.dtype or value.device != p.device):
+                    bad.append(f"{name}:{key} ({_dtype_name(value.dtype)} on {value.device}; "
+                               f"parameter {_dtype_name(p.dtype)} on {p.device})")
+                    break
+    problems = []
+    if misshaped:
+        problems.append(Problem(
+            "CKF822", "error",
+            f"the optimizer state of {len(misshaped)} parameter(s) has another shape than the "
+            "parameter (state loaded by position onto other parameters, or a resized vocab "
+            "without resized moments): optimizer.step() fails or corrupts them.",
+            tuple(misshaped),
+        ))
+    if not bad:
+        return problems
+    return problems + [Problem(
+        "CKF823", "error",
+        f"optimizer state of {len(bad)} parameter(s) has another dtype/device than the "
+        "parameter: optimizer.step() fails ('expected dtype ... but got ...') or updates a "
+        "copy. Convert the model (model.to(...)) before building/loading the optimizer.",
+        tuple(bad),
+    )]
