@@ -502,10 +502,13 @@ class ShardedTensor(TensorInfo):
 
     def read_stored(self) -> np.ndarray:
         assert self.item is not None
-        out = np.empty(self.shape, dtype=_NUMPY_DTYPES[self.dtype])
+        out: np.ndarray = np.empty(self.shape, dtype=_NUMPY_DTYPES[self.dtype])
         folder = os.path.dirname(self.item.blobs[0][0])
         for offsets, sizes in self.item.pieces:
-            piece = _record_tensor(folder, self.item.fqn, sizes, self.dtype, self.item.blob_for(offsets))
+            blob = self.item.blob_for(offsets)
+            if blob is None:
+                raise UnreadableCheckpoint(f"{folder}: no stored record for a piece of {self.item.fqn!r}")
+            piece = _record_tensor(folder, self.item.fqn, sizes, self.dtype, blob)
             out[tuple(slice(o, o + n) for o, n in zip(offsets, sizes))] = piece.read_stored()
         out.flags.writeable = False
         return out

@@ -113,10 +113,10 @@ def plan_edits(plan: RepairPlan, layout: DcpLayout, rng: np.random.Generator) ->
             "before dcp.load, then set_state_dict leaves the optimizer fresh")
     else:
         for key, edit in plan.moments.items():
-            fqn = layout.moment_items.get(key)
-            if fqn is None or fqn not in layout.items:
+            moment_fqn = layout.moment_items.get(key)
+            if moment_fqn is None or moment_fqn not in layout.items:
                 raise RepairError(f"{plan.ckpt.path}: cannot find the DCP item of {edit.name}; nothing written")
-            edits.writes[fqn] = (layout.items[fqn].path, edit.produce_torch(plan.init, plan.std, rng))
+            edits.writes[moment_fqn] = (layout.items[moment_fqn].path, edit.produce_torch(plan.init, plan.std, rng))
     if plan.reset_scheduler:
         _plan_scheduler_reset(plan, layout, edits)
     return edits
