@@ -279,7 +279,7 @@ class Checkpoint:
     scaler: dict[str, Any] | None = None
     extras: dict[str, Any] = field(default_factory=dict)  # epoch, step, anything else, verbatim
     tied: dict[str, str] = field(default_factory=dict)  # alias name -> the name it shares storage with
-    record: dict[str, Any] | None = None  # a previous `ckptfix repair` record, if present
+    record: Any = None  # ckptfix.record.Record: a previous repair's (or guard.record()'s) record, if present
     notes: list[str] = field(default_factory=list)
     sections: dict[str, str] = field(default_factory=dict)  # "model" -> "model" key or file name
     raw: Any = None  # the format's own tree (the unpickled dict for torch files), for writers

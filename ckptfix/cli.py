@@ -43,12 +43,15 @@ def cli() -> None:
 @cli.command()
 @click.argument("checkpoint", type=click.Path())
 @click.option("--tokenizer", "-t", type=click.Path(), help="sentencepiece .model, tokenizer.json or an HF tokenizer folder.")
+@click.option("--from-tokenizer", type=click.Path(),
+              help="The tokenizer the checkpoint was trained with (if no record or folder says): report moved ids.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema ckptfix.inspect/1).")
 @click.option("--scan", is_flag=True, help="Also read tensor bytes: NaN/Inf in weights and moments.")
 @click.option("--verify", is_flag=True, help="Also check every zip record against its CRC-32.")
 @click.option("--trust-pickle", is_flag=True,
               help="Read pickles that need globals outside the allowlist, as inert records (still never executed).")
-def inspect(checkpoint: str, tokenizer: str | None, as_json: bool, scan: bool, verify: bool, trust_pickle: bool) -> None:
+def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, as_json: bool, scan: bool, verify: bool,
+            trust_pickle: bool) -> None:
     """Report model, optimizer, scheduler and scaler state, and list findings.
 
     \b
@@ -60,7 +63,7 @@ def inspect(checkpoint: str, tokenizer: str | None, as_json: bool, scan: bool, v
     from ckptfix.inspect import inspect as run_inspect
 
     report = run_inspect(checkpoint, tokenizer, scan=scan, verify=verify, trust_pickle=trust_pickle,
-                         progress=_progress)
+                         from_tokenizer=from_tokenizer, progress=_progress)
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -74,7 +77,10 @@ def inspect(checkpoint: str, tokenizer: str | None, as_json: bool, scan: bool, v
 @click.argument("checkpoint", type=click.Path())
 @click.option("--tokenizer", "-t", required=True, type=click.Path(), help="The tokenizer the run will use now.")
 @click.option("--out", "-o", type=click.Path(), help="Output path (same format as the input). Required unless --dry-run.")
-@click.option("--from-tokenizer", type=click.Path(), help="The tokenizer the checkpoint was trained with: rows move by token string.")
+@click.option("--from-tokenizer", type=click.Path(),
+              help="The tokenizer the checkpoint was trained with: rows move by token string. Default: the one its "
+              "ckptfix record or its HF folder holds.")
+@click.option("--keep-ids", is_flag=True, help="Keep row i for token i even where the old tokenizer is known or ids look moved.")
 @click.option("--policy", type=click.Choice(REPAIR_POLICIES),
               help="Optimizer state: remap moments (default for Adam), fresh (drop state, keep schedule), reset (drop both).")
 @click.option("--init", "init", type=click.Choice(["mean", "zeros", "normal"]), default="mean", show_default=True,
@@ -90,7 +96,8 @@ def inspect(checkpoint: str, tokenizer: str | None, as_json: bool, scan: bool, v
 @click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
 @click.option("--in-place", is_flag=True,
               help="DCP folders: write only what changes into CHECKPOINT itself (undo: ckptfix restore CHECKPOINT).")
-def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, policy: str | None, init: str,
+def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, keep_ids: bool,
+           policy: str | None, init: str,
            std: float, pad_to_multiple_of: int | None, seed: int, dry_run: bool, force: bool, as_json: bool,
            trust_pickle: bool, in_place: bool) -> None:
     """Resize embeddings/heads and their optimizer state to TOKENIZER; write a new resume checkpoint.
@@ -109,7 +116,8 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
         raise click.UsageError("missing -o/--out (or pass --dry-run)")
     result = run_repair(checkpoint, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
                         pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
-                        trust_pickle=trust_pickle, seed=seed, in_place=in_place, progress=_progress)
+                        trust_pickle=trust_pickle, seed=seed, in_place=in_place, keep_ids=keep_ids,
+                        progress=_progress)
     if as_json:
         _emit_json(result.to_json())
     else:

@@ -12,7 +12,7 @@ from ckptfix.checks import Context, Finding, run_checks
 from ckptfix.formats import read_checkpoint
 from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDevice, TorchDtype
 from ckptfix.mapping import ParamMapping, map_optimizer
-from ckptfix.vocab import VocabTensor, find_vocab_tensors, tied_head_missing
+from ckptfix.vocab import find_vocab_tensors, tied_head_missing, vocab_rows
 
 SCHEMA = "ckptfix.inspect/1"
 
@@ -27,6 +27,7 @@ class Report:
     findings: list[Finding]
     tokenizer: Any = None
     notes: list[str] = field(default_factory=list)
+    old_tokenizer: Any = None  # identity.OldTokenizer: the tokenizer the rows belong to, when known
 
     @property
     def exit_code(self) -> int:
@@ -52,7 +53,7 @@ class Report:
                 "tied_head_not_stored": tied_head_missing(ckpt),
             },
             "extras": {str(k): plain(v) for k, v in ckpt.extras.items()},
-            "record": ckpt.record,
+            "record": ckpt.record.to_json() if ckpt.record is not None else None,
             "notes": ckpt.notes + self.notes,
             "findings": [f.to_json() for f in self.findings],
             "summary": self.counts(),
@@ -60,29 +61,40 @@ class Report:
 
 
 def inspect(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None, *, scan: bool = False,
-            verify: bool = False, trust_pickle: bool = False,
+            verify: bool = False, trust_pickle: bool = False, from_tokenizer: str | os.PathLike | None = None,
             progress: Callable[[Iterable, int, str], Iterable] | None = None) -> Report:
     """Inspect a checkpoint (file or folder) against an optional tokenizer.
 
+    `from_tokenizer`: the tokenizer the checkpoint was trained with, when neither a ckptfix record nor
+    the folder's own tokenizer files say so; with it, tokens whose id moved are reported.
     Reads metadata only (zip directory + pickle, safetensors header, JSON indexes) unless `scan`
     (NaN/Inf in every tensor) or `verify` (zip CRCs) ask for tensor bytes. Never executes pickle code.
     """
     ckpt = read_checkpoint(path, trust_pickle=trust_pickle)
-    tok = None
-    if tokenizer is not None:
+    tok = old = None
+    if tokenizer is not None or from_tokenizer is not None:
         from ckptfix.tokenizers import load_tokenizer
 
-        tok = load_tokenizer(tokenizer)
-    return analyse(ckpt, tok, scan=scan, verify=verify, progress=progress)
+        tok = load_tokenizer(tokenizer) if tokenizer is not None else None
+        old = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
+    return analyse(ckpt, tok, scan=scan, verify=verify, progress=progress, from_tokenizer=old)
 
 
 def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, verify: bool = False,
-            progress: Callable | None = None) -> Report:
+            progress: Callable | None = None, from_tokenizer: Any = None) -> Report:
     """Run every check on an already-read checkpoint (repair and the guard reuse this)."""
+    from ckptfix.identity import identity_notes, known_old_tokenizer
+
     mapping = map_optimizer(ckpt)
     vocab = find_vocab_tensors(ckpt, mapping, tokenizer.size if tokenizer is not None else None)
-    ctx = Context(ckpt, mapping, vocab, tokenizer, scan=scan, verify=verify, progress=progress)
-    return Report(ckpt, mapping, vocab, run_checks(ctx), tokenizer)
+    notes: list[str] = []
+    old = None
+    if tokenizer is not None or from_tokenizer is not None:
+        old, notes = known_old_tokenizer(ckpt, vocab_rows(vocab), from_tokenizer)
+        notes += identity_notes(ckpt, tokenizer, old, vocab_rows(vocab))
+    ctx = Context(ckpt, mapping, vocab, tokenizer, scan=scan, verify=verify, progress=progress, old_tokenizer=old)
+    return Report(ckpt, mapping, vocab, run_checks(ctx), tokenizer, notes, old)
+
 
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:

@@ -118,9 +118,8 @@ def map_optimizer(ckpt: Checkpoint) -> ParamMapping:
     if named is not None:
         return ParamMapping({i: checkpoint_name(n, ckpt.model) for i, n in zip(indices, named)}, "torch")
     if opt.param_names and len(opt.param_names) == len(indices):
-        origin = (ckpt.record or {}).get("param_names_method")
-        return ParamMapping(dict(zip(indices, opt.param_names)), "recorded",
-                            recorded_method=origin if isinstance(origin, str) else None)
+        origin = ckpt.record.param_names_method if ckpt.record is not None else None
+        return ParamMapping(dict(zip(indices, opt.param_names)), "recorded", recorded_method=origin)
     if indices and all(isinstance(i, str) for i in indices):
         return ParamMapping({i: i for i in indices if i in ckpt.model}, "fqn")
     params = ckpt.parameters()

@@ -27,11 +27,18 @@ class VocabTensor:
     tied_to: str | None = None  # the embedding this head shares storage with
     moments: dict[str, TensorInfo] = field(default_factory=dict)  # exp_avg -> its TensorInfo
     optimizer_index: Any = None
+    index_known: bool = True  # False: paired with a same-shape entry (the moments' row plan is the same either way)
 
     def to_json(self) -> dict:
         return {"name": self.name, "role": self.role, "rows": self.rows, "shape": list(self.shape),
-                "tied_to": self.tied_to, "optimizer_index": self.optimizer_index,
+                "tied_to": self.tied_to, "optimizer_index": self.optimizer_index if self.index_known else None,
                 "moments": {k: list(t.shape) for k, t in self.moments.items()}}
+
+
+def vocab_rows(vocab: list[VocabTensor]) -> int | None:
+    """The checkpoint's vocab row count: the input embedding's, else the first vocab tensor's."""
+    embed = next((v for v in vocab if v.role == "embedding"), vocab[0] if vocab else None)
+    return embed.rows if embed is not None else None
 
 
 def _role(name: str, t: TensorInfo) -> str | None:
@@ -126,6 +133,7 @@ def _attach_by_shape(ckpt: Checkpoint, mapping: ParamMapping, unmatched: list[Vo
         if len(candidates) == len(tensors):
             for vt, index in zip(tensors, candidates):
                 _attach(ckpt, vt, index)
+                vt.index_known = len(tensors) == 1
 
 
 def tied_head_missing(ckpt: Checkpoint) -> bool:

@@ -21,6 +21,8 @@ import ckptfix
 import ckptfix.io
 from ckpt_factory import TinyLM, lm_loss, make_batches, new_run, save_checkpoint, train
 from ckptfix.errors import RepairError
+from ckptfix.identity import fingerprint
+from ckptfix.tokenizers import load_tokenizer
 from test_repair_common import (
     LR,
     assert_trains,
@@ -133,7 +135,8 @@ def test_remap_loads_strictly_trains_and_keeps_every_trained_bit(source, tokeniz
     assert rec["source"] == os.path.abspath(path)
     assert rec["policy"] == "remap" and rec["init"] == "mean" and rec["rewarm"] is False
     assert rec["optimizer_state"] == "remapped" and rec["scheduler_state"] == "kept"
-    assert rec["tokenizer"] == {"path": os.path.abspath(tokenizers[new_vocab]), "size": new_vocab}
+    assert rec["tokenizer"] == {"path": os.path.abspath(tokenizers[new_vocab]), "size": new_vocab,  # issue 18:
+                                "fingerprint": fingerprint(load_tokenizer(tokenizers[new_vocab]))}  # + fingerprint
     assert rec["target_rows"] == new_vocab
     assert rec["param_names"] == names  # optimizer-index order
     changed = {c["tensor"]: c for c in rec["changes"]}

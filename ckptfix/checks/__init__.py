@@ -7,6 +7,7 @@ docs cannot drift from the code. Check functions take the `Context` and yield `F
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
 
@@ -42,14 +43,20 @@ class Context:
     scan: bool = False
     verify: bool = False
     progress: Callable[[Iterable, int, str], Iterable] | None = None
+    old_tokenizer: Any = None  # identity.OldTokenizer: the tokenizer the rows belong to, when known
 
     def repair_command(self, *extra: str) -> str:
-        """The `ckptfix repair` line that fixes this checkpoint, with a sensible output path."""
-        src = self.ckpt.path.rstrip("/")
+        """The `ckptfix repair` line that fixes this checkpoint, with a sensible output path, quoted for a
+        POSIX shell (a path with a space or a quote pastes as one argument)."""
+        src = self.ckpt.path.rstrip("/") or self.ckpt.path
         root, ext = os.path.splitext(src)
         out = f"{src}-fixed" if os.path.isdir(src) else f"{root}.fixed{ext}"
-        tok = f" --tokenizer {self.tokenizer.path}" if self.tokenizer is not None else " --tokenizer NEW_TOKENIZER"
-        return " ".join([f"ckptfix repair {src}{tok} -o {out}", *extra])
+        words = ["ckptfix", "repair", src, "--tokenizer",
+                 self.tokenizer.path if self.tokenizer is not None else "NEW_TOKENIZER"]
+        if self.old_tokenizer is not None and self.old_tokenizer.origin == "given":
+            words += ["--from-tokenizer", self.old_tokenizer.path]
+        words += ["-o", out]
+        return " ".join([*map(shlex.quote, words), *extra])
 
 
 @dataclass(frozen=True)
@@ -90,7 +97,7 @@ def run_checks(ctx: Context) -> list[Finding]:
 
 
 def _load_check_modules() -> None:
-    from ckptfix.checks import adapters, integrity, numerics, optimizer, scaler, schedule, sharded, vocab  # noqa: F401
+    from ckptfix.checks import adapters, identity, integrity, numerics, optimizer, scaler, schedule, sharded, vocab  # noqa: F401
 
 
 def registry() -> dict[str, Check]:

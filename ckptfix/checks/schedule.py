@@ -36,8 +36,19 @@ def scheduler_vs_step(ctx: Context) -> Iterator[Finding]:
         fix="Check the scheduler is stepped once per optimizer step; `--policy reset` restarts the schedule.")
 
 
+_HF_FINISHED = ("transformers.Trainer rebuilds the schedule from the TrainingArguments of the resumed run (the "
+                "LambdaLR's lambda is not saved, only its step): resumed with a larger max_steps/num_train_epochs "
+                "the LR continues above 0 from step {step}; resumed with the same ones there is nothing left to "
+                "train and train() returns at once.")
+_PLAIN = ("In a plain loop or Lightning, scheduler.load_state_dict restores the step (and for CosineAnnealingLR/"
+          "OneCycleLR their T_max/total_steps): a LambdaLR then uses the lambda your code builds, so a longer "
+          "schedule there gives lr > 0; any other scheduler keeps lr=0 and optimizer.step() moves nothing.")
+
+
 @check("CKF302", "error", "learning rate is 0",
-       "A param group's current LR is 0 after the schedule started: the next steps change nothing.")
+       "A param group's current LR is 0 after the schedule started and the run's schedule is not known to have "
+       "finished: the next steps change nothing. Information only at the first warm-up step, or at the end of a "
+       "Hugging Face Trainer run whose schedule finished (the Trainer rebuilds the schedule on resume).")
 def zero_lr(ctx: Context) -> Iterator[Finding]:
     opt = ctx.ckpt.optimizer
     if opt is None:
@@ -47,10 +58,28 @@ def zero_lr(ctx: Context) -> Iterator[Finding]:
         return
     last = (ctx.ckpt.scheduler or {}).get("last_epoch")
     at_start = last == 0 or optimizer_step(ctx) in (None, 0)
-    yield finding(
-        "CKF302", f"param group(s) {zero} have lr=0" + (" at the first schedule step (warmup from 0)" if at_start else
-                                                        f" at scheduler step {last}"),
-        severity="info" if at_start else "error",
-        pytorch="optimizer.step() multiplies every update by lr: the weights do not move. A schedule that ended "
-        "(cosine to 0) or a LambdaLR whose lambda returns 0 does this.",
-        fix="Resume with a schedule that continues, or `ckptfix repair ... --policy reset` to restart it.")
+    finished = _hf_finished_at(ctx)
+    if at_start:
+        yield finding("CKF302", f"param group(s) {zero} have lr=0 at the first schedule step (warmup from 0)",
+                      severity="info", pytorch="The first optimizer.step() runs with lr=0 (a no-op update); the "
+                      "scheduler then raises the LR. Normal for a warm-up that starts at 0 (Hugging Face, most "
+                      "plain loops).")
+    elif finished is not None:
+        yield finding("CKF302", f"param group(s) {zero} have lr=0 at step {finished}: the Trainer run's schedule "
+                      f"finished (global_step {finished} = max_steps)", severity="info",
+                      pytorch=_HF_FINISHED.format(step=finished),
+                      fix="Resume with a larger max_steps (or num_train_epochs) to train further.")
+    else:
+        yield finding(
+            "CKF302", f"param group(s) {zero} have lr=0 at scheduler step {last}", pytorch=_PLAIN,
+            fix="Resume with a schedule that continues, or `ckptfix repair ... --policy reset` to restart it.")
+
+
+def _hf_finished_at(ctx: Context) -> int | None:
+    """The step a Trainer checkpoint was saved at, when it is the end of its schedule (trainer_state.json)."""
+    state = ctx.ckpt.extras.get("trainer_state") if ctx.ckpt.format == "hf-trainer" else None
+    if not isinstance(state, dict):
+        return None
+    step, total = state.get("global_step"), state.get("max_steps")
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (step, total))
+    return step if ok and step >= total else None

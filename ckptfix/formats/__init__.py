@@ -14,6 +14,7 @@ from ckptfix.errors import UnreadableCheckpoint
 
 if TYPE_CHECKING:  # checkpoint.py imports formats.pickle_safe; keep this package import-light
     from ckptfix.checkpoint import Checkpoint
+    from ckptfix.record import Record
 
 
 def open_regular(path: str) -> BinaryIO:
@@ -62,7 +63,17 @@ def detect(path: str) -> str:
 def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "Checkpoint":
     """Read any supported checkpoint (metadata only; tensor bytes stay on disk)."""
     path = os.fspath(path)
-    kind = detect(path)
+    ckpt = _read(path, detect(path), trust_pickle)
+    if ckpt.record is None:  # a folder's ckptfix.json, or the FILE.ckptfix.json sidecar of a bare state_dict
+        from ckptfix.record import read_sidecar
+
+        record = read_sidecar(path)
+        if record is not None:
+            attach_record(ckpt, record)
+    return ckpt
+
+
+def _read(path: str, kind: str, trust_pickle: bool) -> "Checkpoint":
     if kind in ("torch-zip", "torch-legacy"):
         from ckptfix.formats import torch_file
 
@@ -74,3 +85,10 @@ def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "
     from ckptfix.formats import folders
 
     return folders.read(path, kind, trust_pickle=trust_pickle)
+
+
+def attach_record(ckpt: "Checkpoint", record: "Record") -> None:
+    """Attach a ckptfix record; its parameter names (all of them, or none) name the optimizer's entries."""
+    ckpt.record = record
+    if ckpt.optimizer is not None and record.param_names is not None:
+        ckpt.optimizer.param_names = list(record.param_names)

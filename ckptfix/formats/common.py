@@ -7,13 +7,13 @@ from typing import Any, Callable, Iterator, Mapping
 from ckptfix.checkpoint import ByteRange, Checkpoint, OptimizerState, ParamGroup, ParamState, TensorInfo, read_scalar
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+from ckptfix.record import RECORD_KEY, Record
 
 MODEL_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_state", "net", "network")
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_state", "opt")
 SCHEDULER_KEYS = ("scheduler", "lr_scheduler", "scheduler_state_dict", "sched")
 SCALER_KEYS = ("scaler", "grad_scaler", "scaler_state_dict", "amp_scaler")
 LIGHTNING_KEYS = ("optimizer_states", "lr_schedulers", "pytorch-lightning_version")
-RECORD_KEY = "ckptfix"
 
 Locator = Callable[[StorageRef], Callable[[], ByteRange]]
 
@@ -97,11 +97,10 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
         ckpt.sections["scaler"] = scaler_key
         used.add(scaler_key)
     if isinstance(tree.get(RECORD_KEY), Mapping):
-        ckpt.record = dict(tree[RECORD_KEY])
+        from ckptfix.formats import attach_record
+
+        attach_record(ckpt, Record.from_json(tree[RECORD_KEY], f"{path}: the {RECORD_KEY!r} entry"))
         used.add(RECORD_KEY)
-        names = ckpt.record.get("param_names")
-        if ckpt.optimizer is not None and isinstance(names, list) and all(isinstance(n, str) for n in names):
-            ckpt.optimizer.param_names = list(names)
     ckpt.extras = {k: v for k, v in tree.items() if k not in used}
     if not ckpt.model and ckpt.optimizer is None:
         keys = ", ".join(_key_text(k) for k in list(tree)[:8])

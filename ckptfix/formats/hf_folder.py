@@ -103,13 +103,6 @@ def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> Non
     state = _json(path, "trainer_state.json")
     if state is not None:
         ckpt.extras["trainer_state"] = state
-    record = _json(path, "ckptfix.json")
-    if record is not None:
-        if not isinstance(record, dict):
-            raise UnreadableCheckpoint(f"{os.path.join(path, 'ckptfix.json')}: not a ckptfix repair record (a JSON object)")
-        ckpt.record = record
-        if ckpt.optimizer is not None and isinstance(record.get("param_names"), list):
-            ckpt.optimizer.param_names = [str(n) for n in record["param_names"]]
     args = os.path.join(path, "training_args.bin")
     if os.path.exists(args):
         ckpt.extras["training_args"] = _training_args(args)

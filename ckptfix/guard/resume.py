@@ -74,7 +74,6 @@ re-warm on whatever the policy.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -90,12 +89,12 @@ from ckptfix.guard.resume_plan import ModelPlan, key_map, key_problems, plan_opt
 from ckptfix.guard.rewarm import Rewarm
 from ckptfix.guard.setup import check_training_setup, named_params, unwrap_optimizer
 from ckptfix.policies import GUARD_POLICIES, canonical
+from ckptfix.record import NAMES_SCHEMA, Record
 
 __all__ = ["ResumeGuard", "ResumeReport", "ResumeError", "POLICIES", "tokenizer_size"]
 
 POLICIES = GUARD_POLICIES
 SCHEMA = "ckptfix.resume/1"
-NAMES_SCHEMA = "ckptfix.names/1"
 
 
 class ResumeError(TrainingSetupError):
@@ -193,16 +192,7 @@ def _read(source: Any) -> Any:
     from ckptfix.checkpoint import Checkpoint
     from ckptfix.formats import read_checkpoint
 
-    ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(os.fspath(source))
-    sidecar = ckpt.path + ".ckptfix.json"
-    if ckpt.record is None and os.path.isfile(sidecar):
-        with open(sidecar, encoding="utf-8") as f:
-            record = json.load(f)
-        if isinstance(record, dict):
-            ckpt.record = record
-            if ckpt.optimizer is not None and isinstance(record.get("param_names"), list):
-                ckpt.optimizer.param_names = [str(n) for n in record["param_names"]]
-    return ckpt
+    return source if isinstance(source, Checkpoint) else read_checkpoint(os.fspath(source))
 
 
 class ResumeGuard:
@@ -261,7 +251,7 @@ class ResumeGuard:
         plan = plan_resume(ckpt, analysis, live, self.policy, reset_scheduler=self.reset_scheduler)  # plan
         report = self.report = ResumeReport(
             path=ckpt.path, format=ckpt.format, policy=self.policy, problems=list(plan.problems),
-            record=ckpt.record, notes=plan.notes, checkpoint_findings=[f.code for f in analysis.findings])
+            record=ckpt.record.to_json() if ckpt.record is not None else None, notes=plan.notes, checkpoint_findings=[f.code for f in analysis.findings])
         raise_or_warn(report.problems, lambda _: ResumeError(report.problems, ckpt.path))  # raise
         apply = Apply(plan, ckpt, self.model, self.optimizer, self.scheduler, self.scaler)  # apply
         report.actions += apply.model_tensors()
@@ -321,8 +311,7 @@ class ResumeGuard:
         names = {id(p): n for n, p in named_params(self.model).items()}
         opt = unwrap_optimizer(self.optimizer) if self.optimizer is not None else None
         params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else []
-        return {"schema": NAMES_SCHEMA, "tool": "ckptfix",
-                "param_names": [names.get(id(p), "") for p in params]}
+        return Record(NAMES_SCHEMA, param_names=[names.get(id(p), "") for p in params]).to_json()
 
     @property
     def lr_factor(self) -> float:

@@ -16,6 +16,7 @@ from typing import Any
 from ckptfix.guard.live import Live, LiveTensor
 from ckptfix.guard.problems import Problem, format_names
 from ckptfix.mapping import MOMENT_KEYS, WRAPPER_PREFIXES, ParamMapping, names_for_resume
+from ckptfix.record import Record
 
 #: Second-moment state keys: in fp16 their small values underflow to 0.
 SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum")
@@ -98,7 +99,7 @@ def plan_resume(ckpt: Any, analysis: Any, live: Live, policy: str, *, reset_sche
     plan = ResumePlan(policy, model.plan, notes=list(ckpt.notes))
     plan.problems = check_tokenizer(live) + model.problems
     plan.optimizer = _plan_optimizer_side(ckpt, analysis.mapping, live, plan)
-    record = ckpt.record if isinstance(ckpt.record, dict) else {}
+    record = ckpt.record if ckpt.record is not None else Record()
     plan.problems += check_sections(ckpt, live, policy, record)
     if plan.model.repair is not None:
         plan.notes += [n for n in plan.model.repair.notes if n not in plan.notes]
@@ -124,9 +125,9 @@ def _plan_optimizer_side(ckpt: Any, mapping: ParamMapping, live: Live, plan: Res
     return result.plan
 
 
-def _decide_training_state(plan: ResumePlan, ckpt: Any, live: Live, record: dict, reset_scheduler: bool) -> None:
+def _decide_training_state(plan: ResumePlan, ckpt: Any, live: Live, record: Record, reset_scheduler: bool) -> None:
     """Optimizer, scheduler, scaler and re-warm, from the checks' outcome."""
-    plan.rewarm = bool(record.get("rewarm"))
+    plan.rewarm = record.rewarm
     if plan.rewarm:
         plan.notes.append("the checkpoint's ckptfix repair record asks for an LR re-warm")
     opt = plan.optimizer
@@ -468,14 +469,14 @@ def _check_moment_dtypes(copt: Any, side: OptimizerPlan, params: list[LiveTensor
     return problems
 
 
-def check_sections(ckpt: Any, live: Live, policy: str, record: dict) -> list[Problem]:
+def check_sections(ckpt: Any, live: Live, policy: str, record: Record) -> list[Problem]:
     """CKF827: training state on one side only."""
     if policy == "reset":
         return []
     missing = []
     if live.optimizer is not None and ckpt.optimizer is None:
         missing.append(("optimizer", "the optimizer starts with empty moments"))
-    if live.has_scheduler and ckpt.scheduler is None and record.get("scheduler_state") != "reset":
+    if live.has_scheduler and ckpt.scheduler is None and record.scheduler_state != "reset":
         missing.append(("scheduler", "the scheduler restarts from step 0 (warmup again)"))
     if live.scaler_enabled and not ckpt.scaler:
         missing.append(("scaler", "the GradScaler recalibrates from its initial scale"))

@@ -19,9 +19,10 @@ from ckptfix.errors import RepairError
 from ckptfix.formats import read_checkpoint
 from ckptfix.inspect import analyse
 from ckptfix.io import BackgroundHash, same_file
+from ckptfix.record import REPAIR_SCHEMA, Record, TokenizerRef
 from ckptfix.surgery.plan import RepairPlan, make_plan
 
-RECORD_SCHEMA = "ckptfix.repair/1"
+RECORD_SCHEMA = REPAIR_SCHEMA
 SHA256_PLACEHOLDER = "0" * 64
 
 
@@ -63,7 +64,7 @@ class RepairResult:
 def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.PathLike | None = None, *,
            from_tokenizer: str | os.PathLike | None = None, policy: str | None = None, init: str = "mean",
            std: float = 0.02, pad_to_multiple_of: int | None = None, dry_run: bool = False, force: bool = False,
-           trust_pickle: bool = False, seed: int = 0, in_place: bool = False,
+           trust_pickle: bool = False, seed: int = 0, in_place: bool = False, keep_ids: bool = False,
            progress: Callable[[Iterable, int, str], Iterable] | None = None) -> RepairResult:
     """Fit a checkpoint to `tokenizer` and write it to `out` in the same format.
 
@@ -90,8 +91,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
         tok = load_tokenizer(tokenizer)
         old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-        plan = make_plan(analyse(ckpt, tok), tok, old_tok, policy=policy, init=init, std=std,
-                         pad_to_multiple_of=pad_to_multiple_of)
+        plan = make_plan(analyse(ckpt, tok, from_tokenizer=old_tok), tok, old_tok, policy=policy, init=init,
+                         std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
         if dry_run:
             return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
         if out is None:
@@ -179,15 +180,21 @@ def _writer_for(fmt: str, path: str | None = None):
 
 
 def build_record(plan: RepairPlan, source_sha256: str | None) -> dict[str, Any]:
-    """The provenance entry written into the output (or its ckptfix.json sidecar)."""
+    """The record written into the output (or its sidecar), as JSON: `Record.to_json` of `plan_record`."""
+    return plan_record(plan, source_sha256).to_json()
+
+
+def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
+    """What this repair did, for the output's record: provenance, plus the facts a later run acts on
+    (the tokenizer the rows now belong to, the optimizer's parameter names when all are known)."""
     from ckptfix import __version__
     from ckptfix.mapping import map_optimizer
 
     mapping = map_optimizer(plan.ckpt)
     indices = plan.ckpt.optimizer.indices() if plan.ckpt.optimizer is not None else []
-    return {
-        "schema": RECORD_SCHEMA,
-        "tool": "ckptfix",
+    names = [mapping.names.get(i) for i in indices]
+    complete = bool(indices) and all(isinstance(n, str) for n in names)
+    provenance = {
         "version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "source": os.path.abspath(plan.ckpt.path),
@@ -195,19 +202,29 @@ def build_record(plan: RepairPlan, source_sha256: str | None) -> dict[str, Any]:
         "format": plan.ckpt.format,
         "policy": plan.policy,
         "init": plan.init,
-        "tokenizer": {"path": os.path.abspath(plan.tokenizer.path), "size": plan.tokenizer.size},
-        "from_tokenizer": ({"path": os.path.abspath(plan.from_tokenizer.path), "size": plan.from_tokenizer.size}
-                           if plan.from_tokenizer is not None else None),
         "target_rows": plan.target_rows,
+        "rows_moved_by": plan.rows_by,
         "changes": plan.changes,
-        "optimizer_state": "dropped" if plan.drop_optimizer_state else "remapped" if plan.moments else "kept",
-        "scheduler_state": "reset" if plan.reset_scheduler else "kept",
         "scaler_reset": plan.reset_scaler,
-        "rewarm": bool(plan.drop_optimizer_state and plan.ckpt.optimizer is not None),
-        "param_names": [mapping.names.get(i) for i in indices],
-        "param_names_method": mapping.method,
         "notes": list(plan.notes),
     }
+    return Record(
+        REPAIR_SCHEMA,
+        param_names=[str(n) for n in names] if complete else None,
+        param_names_method=mapping.method if complete else None,
+        tokenizer=_tokenizer_ref(plan.tokenizer),
+        from_tokenizer=_tokenizer_ref(plan.from_tokenizer) if plan.from_tokenizer is not None else None,
+        rewarm=bool(plan.drop_optimizer_state and plan.ckpt.optimizer is not None),
+        optimizer_state="dropped" if plan.drop_optimizer_state else "remapped" if plan.moments else "kept",
+        scheduler_state="reset" if plan.reset_scheduler else "kept",
+        provenance=provenance,
+    )
+
+
+def _tokenizer_ref(tok: Any) -> TokenizerRef:
+    from ckptfix.identity import fingerprint
+
+    return TokenizerRef(os.path.abspath(tok.path), tok.size, fingerprint(tok))
 
 
 def record_json(record: dict[str, Any]) -> bytes:

@@ -114,6 +114,7 @@ class RepairPlan:
     reset_scaler: bool = False
     findings_before: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rows_by: str = "id"  # id | token: how output rows were matched to input rows
 
     @property
     def changes(self) -> list[dict[str, Any]]:
@@ -131,9 +132,15 @@ def default_policy(ckpt: Checkpoint) -> str:
 
 
 def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str | None = None,
-              init: str = "mean", std: float = 0.02, pad_to_multiple_of: int | None = None) -> RepairPlan:
-    """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer."""
+              init: str = "mean", std: float = 0.02, pad_to_multiple_of: int | None = None,
+              keep_ids: bool = False) -> RepairPlan:
+    """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer.
+
+    Rows follow their token: by token string from the old tokenizer when it is known (`from_tokenizer`,
+    else the report's: a ckptfix record's or an HF folder's own), by id otherwise (or with `keep_ids`),
+    and not at all when the new tokenizer alone shows that ids moved (CKF122)."""
     ckpt = report.ckpt
+    from_tokenizer, rows_by, identity_notes = _old_tokenizer(report, tokenizer, from_tokenizer, keep_ids)
     policy = canonical(policy) if policy else default_policy(ckpt)
     if policy not in POLICIES:
         raise RepairError(f"unknown --policy {policy!r} (choose {', '.join(POLICIES)})")
@@ -149,7 +156,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
                               config_vocab=config_vocab_size(ckpt.extras.get("config")),
                               old_tokens=from_tokenizer.size if from_tokenizer is not None else None)
     plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
-                      findings_before=list(report.findings), notes=[why])
+                      findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by)
     plans: dict[int, RowPlan] = {}
     for v in vocab:
         rows_plan = plans.setdefault(v.rows, _row_plan(v.rows, target, tokenizer, from_tokenizer))
@@ -171,6 +178,31 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     _plan_scaler(plan)
     _note_lost_tokens(plan)
     return plan
+
+
+def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[Any, str, list[str]]:
+    """(the tokenizer rows move from or None, "token" | "id", notes) for this repair."""
+    from ckptfix.identity import data_evidence, known_old_tokenizer
+    from ckptfix.vocab import vocab_rows
+
+    rows = vocab_rows(report.vocab)
+    if keep_ids:
+        return None, "id", ["rows kept by id (--keep-ids): token i keeps row i"]
+    old, notes = known_old_tokenizer(report.ckpt, rows, given)
+    if old is not None:
+        if old.origin != "given":
+            notes.append(f"rows moved by token string from the old tokenizer {old.describe()}")
+        return old.info, "token", notes
+    if rows is None or rows == tokenizer.size:
+        return None, "id", notes
+    evidence = data_evidence(tokenizer, rows, report.ckpt.extras.get("config"))
+    if evidence:
+        raise RepairError(f"{evidence[0].message}. Pass --from-tokenizer OLD (the tokenizer the checkpoint was "
+                          "trained with) to move rows by token string, or --keep-ids if the ids really are unchanged")
+    notes.append(f"rows kept by id: the tokenizer the checkpoint's {rows} rows were trained with is not known, "
+                 f"and keeping ids is right only if {tokenizer.path} appends to it; pass --from-tokenizer OLD "
+                 "to move rows by token string")
+    return None, "id", notes
 
 
 def _row_plan(rows: int, target: int, tokenizer: Any, from_tokenizer: Any) -> RowPlan:
