@@ -18,7 +18,7 @@ import hashlib
 import os
 import struct
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ckptfix.errors import CkptfixError
 
@@ -240,11 +240,12 @@ def _sentencepiece_pieces(data: bytes) -> list[tuple[str, int]]:
     return out
 
 
-def _fields(data: bytes):
+def _fields(data: bytes) -> Iterator[tuple[int, int | float | bytes]]:
     pos = 0
     while pos < len(data):
         key, pos = _varint(data, pos)
         wire = key & 7
+        value: int | float | bytes
         if wire == 0:
             value, pos = _varint(data, pos)
         elif wire == 2:

@@ -12,7 +12,7 @@ from ckptfix.checks import Context, Finding, run_checks
 from ckptfix.formats import read_checkpoint
 from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDevice, TorchDtype
 from ckptfix.mapping import ParamMapping, map_optimizer
-from ckptfix.vocab import find_vocab_tensors, tied_head_missing, vocab_rows
+from ckptfix.vocab import VocabTensor, find_vocab_tensors, tied_head_missing, vocab_rows
 
 SCHEMA = "ckptfix.inspect/1"
 

@@ -81,5 +81,6 @@ def _hf_finished_at(ctx: Context) -> int | None:
     if not isinstance(state, dict):
         return None
     step, total = state.get("global_step"), state.get("max_steps")
-    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (step, total))
-    return step if ok and step >= total else None
+    if not isinstance(step, int) or not isinstance(total, int) or isinstance(step, bool) or total <= 0:
+        return None
+    return step if step >= total else None
