@@ -195,8 +195,9 @@ def data_evidence(new: Any, rows: int, config: Any = None) -> list[Evidence]:
 
 def _config_special_ids(new: Any, rows: int, config: Any) -> list[Evidence]:
     """The checkpoint's config.json names its special token ids; in the new tokenizer those ids must still
-    be special tokens (a retrained BPE puts ordinary merges there)."""
-    if not isinstance(config, dict):
+    be special tokens (a retrained BPE puts ordinary merges there). Only for a tokenizer that has special
+    tokens: configs carry default ids (Llama's 1/2) that a tokenizer without specials never matched."""
+    if not isinstance(config, dict) or not new.special_tokens:
         return []
     table, specials = new.id_to_token(), set(new.special_tokens)
     wrong = []
