@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ _RUST_WHITESPACE = "\t\n\x0b\x0c\r \x85\xa0\u1680\u2028\u2029\u202f\u205f\u3000"
 )
 
 _FOLDER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "vocab.json", "vocab.txt")
+# Tokenizer files of raw (non-Hugging Face) release folders, in preference order.
+_OTHER_FOLDER_FILES = ("tekken.json", "encoder.json", "vocab.bpe")
+
+
+def _names(folder: Path) -> set[str]:
+    return {n for n in _OTHER_FOLDER_FILES if (folder / n).is_file()}
 
 
 @dataclass(frozen=True)
@@ -40,7 +47,8 @@ class TokenizerInfo:
     """The id <-> token mapping of a tokenizer, as the model sees it."""
 
     path: str
-    kind: str  # "sentencepiece" | "tokenizer.json" | "hf-folder"
+    kind: str  # "sentencepiece" | "tokenizer.json" | "hf-folder" | "tiktoken:<family>" | "tekken" | "vocab.json"
+    # | "gpt2-bpe" | "clip-bpe" | "rwkv" | "wordpiece"
     source: str  # the file the base vocabulary was read from
     base_size: int  # tokens in the base vocabulary (transformers' `vocab_size`)
     added_tokens: tuple[tuple[int, str, bool], ...]  # (id, content, special), sorted by id
@@ -89,13 +97,54 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
     if not exists:
         raise _error(p, "no such file or folder")
     data = _read_bytes(p)
-    if _looks_like_json(data):
-        vocab = _VocabBuilder(*_parse_tokenizer_json(p, _parse_json(p, data)))
+    from ckptfix import tokenizer_formats as formats  # deferred: it imports this module's helpers
+
+    if _looks_like_json(data) and not re.match(rb"\[[A-Za-z0-9_]+\]\r?\n", data):  # "[PAD]\n": a vocab.txt
+        doc = _parse_json(p, data)
+        if formats.is_tekken(doc):
+            return formats.load_tekken(p, doc)
+        if formats.is_flat_vocab(doc):  # GPT-2's encoder.json, a vocab.json
+            return _VocabBuilder(_base_from_dict(p, doc, "vocab.json"), []).finish(p, "vocab.json", p, ())
+        vocab = _VocabBuilder(*_parse_tokenizer_json(p, doc))
         return vocab.finish(p, "tokenizer.json", p, ())
     if _is_sentencepiece_proto(data):
         base, specials = _parse_sentencepiece(p, data)
         return _VocabBuilder(base, []).finish(p, "sentencepiece", p, specials)
-    raise _error(p, f"{_describe_non_tokenizer(data)}; expected a sentencepiece model, a tokenizer.json or a folder")
+    found = _load_by_content(p, data)
+    if found is not None:
+        return found
+    raise _error(p, f"{_describe_non_tokenizer(data)}; expected a tokenizer file ({SUPPORTED}) or a folder")
+
+
+# transformers' BertTokenizer defaults, in SPECIAL_TOKENS_ATTRIBUTES order (unk, sep, pad, cls, mask).
+_BERT_SPECIALS = ("[UNK]", "[SEP]", "[PAD]", "[CLS]", "[MASK]")
+
+SUPPORTED = ("sentencepiece model, tokenizer.json, tiktoken BPE ranks, tekken.json, encoder.json/vocab.json, "
+             "vocab.bpe, WordPiece vocab.txt, CLIP bpe .txt.gz, RWKV vocab")
+
+
+def _load_by_content(p: Path, data: bytes) -> TokenizerInfo | None:
+    """The text formats (and CLIP's gzip'd merges), told apart by their first line."""
+    from ckptfix import tokenizer_formats as formats
+
+    if data[:2] == b"\x1f\x8b":
+        return formats.load_clip_bpe(p, data)
+    if formats.looks_like_tiktoken(data):
+        return formats.load_tiktoken(p, data)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return None
+    if formats.looks_like_merges(text):
+        return formats.load_merges(p, text)
+    if formats.looks_like_rwkv(text):
+        return formats.load_rwkv(p, text)
+    if formats.looks_like_wordpiece(text):
+        vocab = _VocabBuilder(_parse_vocab_txt(p), [])
+        for token in _BERT_SPECIALS:  # BertTokenizer(vocab.txt) appends its named specials missing from the file
+            vocab.add(token, True)
+        return vocab.finish(p, "wordpiece", p, ())
+    return None
 
 
 class _VocabBuilder:
@@ -137,9 +186,18 @@ class _VocabBuilder:
 
 def _load_folder(folder: Path) -> TokenizerInfo:
     found = {name: folder / name for name in _FOLDER_FILES if (folder / name).is_file()}
-    if not found:
-        raise _error(folder, f"folder has no tokenizer files (looked for {', '.join(_FOLDER_FILES)})")
+    if not found or "tokenizer.json" not in found and "encoder.json" in _names(folder):
+        # Not a Hugging Face folder: a raw release folder (Llama's original/, Mistral's, Whisper's assets,
+        # GPT-2's encoder.json + vocab.bpe) holds one tokenizer file of another format.
+        other = next((folder / n for n in _OTHER_FOLDER_FILES if (folder / n).is_file()), None)
+        other = other or next(iter(sorted(folder.glob("*.tiktoken")) + sorted(folder.glob("tokenizer.model.v*"))), None)
+        if other is not None:
+            return load_tokenizer(other)
+        if not found:
+            raise _error(folder, f"folder has no tokenizer files (looked for {', '.join(_FOLDER_FILES)})")
     source = found[next(iter(found))]  # first in preference order
+    if source.name == "tokenizer.model" and not _is_sentencepiece_proto(_read_bytes(source)):
+        return load_tokenizer(source)  # Llama 3/4's tokenizer.model is a tiktoken rank file
     specials: tuple[str, ...] = ()
     added: list[tuple[str, bool]] = []
     if source.name == "tokenizer.json":

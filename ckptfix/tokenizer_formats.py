@@ -1,0 +1,281 @@
+"""Tokenizer files beyond sentencepiece and tokenizer.json, recognised by content (never by name alone).
+
+- tiktoken BPE rank files (`base64-token rank` per line): Llama 3/4 `tokenizer.model`, Whisper's
+  `gpt2.tiktoken`/`multilingual.tiktoken`, Qwen's `qwen.tiktoken`, OpenAI's r50k/p50k/cl100k/o200k;
+- Mistral's `tekken.json`;
+- GPT-2's `encoder.json` (any flat `{token: id}` vocab.json) and, alone, its `vocab.bpe` merges;
+- a WordPiece `vocab.txt`; CLIP's `bpe_simple_vocab_16e6.txt.gz`; RWKV's world vocab
+  (`rwkv_vocab_v20230424.txt`).
+
+Sizes follow what each format's own library counts (`len(tokenizer)` / `n_vocab` / `n_words`): the special
+tokens a library adds on top of the file are counted, and where that count is a constant of the library the
+comment says where it comes from. Token strings of byte-level vocabularies (tiktoken, tekken, RWKV) are given
+in GPT-2's byte-to-unicode alphabet, as Hugging Face's tokenizer.json stores the same tokens.
+"""
+
+from __future__ import annotations
+
+import ast
+import base64
+import binascii
+import re
+import zlib
+from pathlib import Path
+from typing import Any
+
+from ckptfix.tokenizers import MAX_VOCAB, TokenizerInfo, _decode, _error, _require
+
+# Decompressed size limit for a gzip'd vocabulary (CLIP's is 1.6 MB).
+MAX_GZIP_TEXT = 64 << 20
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's bytes_to_unicode (openai/gpt-2 encoder.py; the same table in tokenizers' ByteLevel)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return [table[b] for b in range(256)]
+
+
+BYTE_ALPHABET = _byte_alphabet()
+
+
+def byte_token(raw: bytes) -> str:
+    return "".join(BYTE_ALPHABET[b] for b in raw)
+
+
+def build_info(path: Path, kind: str, base: list[str | None], specials: dict[int, str]) -> TokenizerInfo:
+    """A TokenizerInfo from base tokens (index = id) and special tokens at explicit ids."""
+    _require(all(0 <= i < MAX_VOCAB for i in specials), path, "implausible special token id")
+    size = max([len(base)] + [i + 1 for i in specials])
+    added = tuple(sorted((i, content, True) for i, content in specials.items()))
+    return TokenizerInfo(
+        path=str(path), kind=kind, source=str(path), base_size=sum(t is not None for t in base),
+        added_tokens=added, size=size, special_tokens=tuple(content for _, content, _ in added),
+        base_tokens=tuple(base))
+
+
+# ------------------------------------------------------------------------------------------ tiktoken
+
+_TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]*={0,2} [0-9]+")  # Whisper's multilingual has "= 50256": b""
+
+
+def looks_like_tiktoken(data: bytes) -> bool:
+    first = data.split(b"\n", 1)[0].rstrip(b"\r")
+    return bool(_TIKTOKEN_LINE.fullmatch(first))
+
+
+def parse_tiktoken_ranks(path: Path, data: bytes) -> list[str | None]:
+    """Base tokens (index = rank) of a tiktoken BPE file, as tiktoken's load_tiktoken_bpe reads it."""
+    ranks: dict[int, bytes] = {}
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line:
+            continue
+        _require(bool(_TIKTOKEN_LINE.fullmatch(line)), path, f"line {number}: not 'base64-token rank'")
+        token, number_text = line.split(b" ")
+        try:
+            ranks[int(number_text)] = base64.b64decode(token)  # as tiktoken's load_tiktoken_bpe (not strict)
+        except (binascii.Error, ValueError):
+            raise _error(path, f"line {number}: bad base64 token") from None
+    _require(bool(ranks) and max(ranks) < MAX_VOCAB, path, "empty or implausible tiktoken rank file")
+    base: list[str | None] = [None] * (max(ranks) + 1)
+    for rank, raw in ranks.items():
+        base[rank] = byte_token(raw)
+    return base
+
+
+def _reserved(prefix: str, start: int, count: int) -> list[str]:
+    return [f"<|{prefix}{i}|>" for i in range(start, start + count)]
+
+
+# Llama 3: llama_models/llama3/tokenizer.py, num_reserved_special_tokens = 256 after the 128000 ranks.
+_LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+                    "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
+                    "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
+# Whisper: whisper/tokenizer.py get_encoding(): endoftext, startoftranscript, one token per language
+# (LANGUAGES[:num_languages], 99 by default; 100 for large-v3), 6 task tokens, 1501 timestamps 0.00..30.00.
+_WHISPER_LANGUAGES = (
+    "en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt la mi "
+    "ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si km sn yo so af oc ka be tg sd "
+    "gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue").split()
+
+
+def whisper_specials(num_languages: int = 99) -> list[str]:
+    return (["<|endoftext|>", "<|startoftranscript|>"] + [f"<|{c}|>" for c in _WHISPER_LANGUAGES[:num_languages]]
+            + ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>",
+               "<|notimestamps|>"] + [f"<|{i * 0.02:.2f}|>" for i in range(1501)])
+
+
+def _tiktoken_specials(path: Path, ranks: int) -> tuple[str, dict[int, str]]:
+    """The family of a tiktoken file (by its rank count, plus Whisper's file name where two families share
+    the same 50256 GPT-2 ranks) and the special tokens its library adds, at their ids."""
+    def after(names: list[str]) -> dict[int, str]:
+        return {ranks + i: name for i, name in enumerate(names)}
+
+    if ranks == 128000:  # Llama 3.x (llama_models/llama3/tokenizer.py)
+        return "llama3", after(_LLAMA3_SPECIALS + _reserved("reserved_special_token_", 2, 256 - 11))
+    if ranks == 200000:  # Llama 4: llama_models/llama4/tokenizer.py, num_reserved_special_tokens = 2048
+        # (its named specials are not spelled out here: the count is what sizes the embedding)
+        return "llama4", after(_reserved("special_token_", 0, 2048))
+    if ranks == 151643:  # Qwen (1): tokenization_qwen.py, endoftext, im_start, im_end + 205 <|extra_i|>
+        return "qwen", after(["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _reserved("extra_", 0, 205))
+    if ranks == 50257:  # Whisper multilingual.tiktoken (99 languages; large-v3's 100th adds one row)
+        return "whisper-multilingual", after(whisper_specials())
+    if ranks == 50256 and path.name == "gpt2.tiktoken":  # Whisper's English-only models
+        return "whisper-gpt2", after(whisper_specials())
+    # OpenAI encodings: tiktoken_ext/openai_public.py special_tokens
+    if ranks == 50256:  # r50k_base / gpt2
+        return "r50k_base", {50256: "<|endoftext|>"}
+    if ranks == 50281:  # p50k_base: ranks 0..50280 with a hole at 50256 (its <|endoftext|>)
+        return "p50k_base", {50256: "<|endoftext|>"}
+    if ranks == 100256:
+        return "cl100k_base", {100257: "<|endoftext|>", 100258: "<|fim_prefix|>", 100259: "<|fim_middle|>",
+                               100260: "<|fim_suffix|>", 100276: "<|endofprompt|>"}
+    if ranks == 199998:
+        return "o200k_base", {199999: "<|endoftext|>", 200018: "<|endofprompt|>"}
+    return "tiktoken", {}
+
+
+def load_tiktoken(path: Path, data: bytes) -> TokenizerInfo:
+    base = parse_tiktoken_ranks(path, data)
+    family, specials = _tiktoken_specials(path, len(base))
+    return build_info(path, f"tiktoken:{family}", base, specials)
+
+
+# ------------------------------------------------------------------------------------------ tekken
+
+
+def is_tekken(doc: Any) -> bool:
+    config = doc.get("config") if isinstance(doc, dict) else None
+    return isinstance(config, dict) and "default_vocab_size" in config and isinstance(doc.get("vocab"), list)
+
+
+# mistral_common/tokens/tokenizers/tekken.py: Tekkenizer.DEPRECATED_SPECIAL_TOKENS, used when the file has no
+# "special_tokens" list (versions <= v7); the rest up to default_num_special_tokens are "<SPECIAL_{id}>".
+_TEKKEN_DEFAULT_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                            "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]",
+                            "[IMG_END]", "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]",
+                            "[TOOL_CONTENT]"]
+
+
+def load_tekken(path: Path, doc: dict) -> TokenizerInfo:
+    """Ids as Tekkenizer assigns them: special tokens 0..num_special-1, then the first
+    default_vocab_size - num_special ranks shifted by num_special; n_words = default_vocab_size."""
+    config = doc["config"]
+    size, n_special = config.get("default_vocab_size"), config.get("default_num_special_tokens")
+    ok = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_VOCAB for v in (size, n_special))
+    _require(ok and n_special <= size, path, "tekken config: bad default_vocab_size / default_num_special_tokens")
+    listed = doc.get("special_tokens")
+    if listed is None:
+        names = list(_TEKKEN_DEFAULT_SPECIALS)
+    else:
+        _require(isinstance(listed, list) and all(isinstance(t, dict) for t in listed), path, "bad special_tokens")
+        names = [str(t.get("token_str")) for t in listed]
+    _require(len(names) <= n_special, path, "more special tokens than default_num_special_tokens")
+    names += [f"<SPECIAL_{i}>" for i in range(len(names), n_special)]
+    inner = size - n_special
+    base: list[str | None] = [None] * size
+    for entry in doc["vocab"]:
+        rank = entry.get("rank") if isinstance(entry, dict) else None
+        _require(isinstance(rank, int) and rank >= 0, path, "tekken vocab entry without a rank")
+        if rank < inner:
+            try:
+                base[n_special + rank] = byte_token(base64.b64decode(entry.get("token_bytes", ""), validate=True))
+            except (binascii.Error, ValueError, TypeError):
+                raise _error(path, f"tekken vocab rank {rank}: bad token_bytes") from None
+    _require(all(t is not None for t in base[n_special:]), path, "tekken vocab has fewer ranks than its vocab size")
+    return build_info(path, "tekken", base, dict(enumerate(names)))
+
+
+# ------------------------------------------------------------------------------------------ GPT-2 / CLIP BPE
+
+
+def is_flat_vocab(doc: Any) -> bool:
+    """GPT-2's encoder.json, or any vocab.json: one object of token -> integer id."""
+    return isinstance(doc, dict) and bool(doc) and all(isinstance(v, int) and not isinstance(v, bool)
+                                                       for v in doc.values())
+
+
+def looks_like_merges(text: str) -> bool:
+    return text.startswith("#version:")
+
+
+def load_merges(path: Path, text: str) -> TokenizerInfo:
+    """A GPT-2 `vocab.bpe` / `merges.txt` alone: ids as tiktoken's data_gym_to_mergeable_bpe_ranks gives them
+    (256 byte tokens, then one per merge) plus <|endoftext|>: GPT-2's 50000 merges -> 50257."""
+    merges = [line.split(" ") for line in text.split("\n")[1:] if line]
+    _require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
+    base: list[str | None] = [*BYTE_ALPHABET, *("".join(m) for m in merges)]
+    return build_info(path, "gpt2-bpe", base, {len(base): "<|endoftext|>"})
+
+
+def load_clip_bpe(path: Path, data: bytes) -> TokenizerInfo:
+    """CLIP's bpe_simple_vocab_16e6.txt.gz as open_clip's SimpleTokenizer (and OpenAI CLIP's) builds it: the
+    256 byte tokens, the same with "</w>", merges[1:49152-256-2+1], then <start_of_text>, <end_of_text>:
+    49408 ids (open_clip/tokenizer.py; CLIP's vocab_size 49408)."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        raw = inflater.decompress(data, MAX_GZIP_TEXT)
+    except zlib.error as exc:
+        raise _error(path, f"corrupt gzip: {exc}") from None
+    _require(not inflater.unconsumed_tail, path, f"decompresses past {MAX_GZIP_TEXT >> 20} MiB")
+    text = _decode(path, raw)
+    # open_clip skips the first line; CLIP's file has "bpe_simple_vocab_16e6.txt#version: 0.2" there
+    _require("#version:" in text.split("\n", 1)[0], path, "gzip'd file is not a BPE merges list ('#version:' header)")
+    merges = [tuple(line.split()) for line in text.split("\n")[1:49152 - 256 - 2 + 1]]
+    _require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
+    base: list[str | None] = [*BYTE_ALPHABET, *(t + "</w>" for t in BYTE_ALPHABET), *("".join(m) for m in merges)]
+    return build_info(path, "clip-bpe", base, {len(base): "<start_of_text>", len(base) + 1: "<end_of_text>"})
+
+
+# ------------------------------------------------------------------------------------------ RWKV, WordPiece
+
+_RWKV_LINE = re.compile(r"([0-9]+) ([bB]?(?:'.*'|\".*\")) ([0-9]+)")
+
+
+def looks_like_rwkv(text: str) -> bool:
+    return bool(_RWKV_LINE.fullmatch(text.split("\n", 1)[0].rstrip("\r")))
+
+
+def load_rwkv(path: Path, text: str) -> TokenizerInfo:
+    """RWKV's world vocab: `id repr(token) byte-length` per line (rwkv/rwkv_tokenizer.py TRIE_TOKENIZER, which
+    eval()s the repr; here it is read as a literal only). Id 0 is the end-of-text token the model reserves."""
+    tokens: dict[int, str] = {}
+    for number, line in enumerate(text.split("\n"), 1):
+        line = line.rstrip("\r")  # the file ships with CRLF line ends
+        if not line:
+            continue
+        match = _RWKV_LINE.fullmatch(line)
+        _require(match is not None, path, f"line {number}: not 'id token length'")
+        assert match is not None
+        try:
+            value = ast.literal_eval(match.group(2))
+        except (ValueError, SyntaxError):
+            raise _error(path, f"line {number}: bad token literal") from None
+        raw = value.encode("utf-8") if isinstance(value, str) else value
+        _require(isinstance(raw, bytes) and len(raw) == int(match.group(3)), path, f"line {number}: length mismatch")
+        tokens[int(match.group(1))] = byte_token(raw)
+    _require(bool(tokens) and max(tokens) < MAX_VOCAB, path, "empty or implausible RWKV vocab")
+    base: list[str | None] = [None] * (max(tokens) + 1)
+    for token_id, token in tokens.items():
+        base[token_id] = token
+    specials = {0: "<|endoftext|>"} if base[0] is None else {}
+    return build_info(path, "rwkv", base, specials)
+
+
+def looks_like_wordpiece(text: str) -> bool:
+    """One token per line: a WordPiece (BERT) vocab.txt. No empty line, no inner blank, no control
+    character (a truncated binary file has them)."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return len(lines) > 1 and all(_is_vocab_line(line.rstrip("\r")) for line in lines)
+
+
+def _is_vocab_line(line: str) -> bool:
+    return bool(line) and not any(c in " \t" or ord(c) < 32 for c in line)
