@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfix.fit import fit_rows
 from ckptfix.guard.live import Live, LiveTensor
 from ckptfix.guard.problems import Problem, format_names
 from ckptfix.mapping import MOMENT_KEYS, WRAPPER_PREFIXES, ParamMapping, names_for_resume
@@ -215,8 +216,8 @@ def key_problems(ckpt: Any, keys: dict[str, str], live: Live, unexpected_severit
 def check_tokenizer(live: Live) -> list[Problem]:
     """CKF824: the tokenizer needs more rows than the embedding has."""
     size, found = live.tokenizer_size, live.embedding
-    if found is None or size is None or size <= found[1]:
-        return []
+    if found is None or size is None or fit_rows(found[1], size).verdict != "too-few":
+        return []  # the fit rule (ckptfix.fit): only fewer rows than tokens breaks a lookup
     name, rows = found
     return [Problem(
         "CKF824", "error",
