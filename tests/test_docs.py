@@ -4,7 +4,9 @@ Regenerate the table with:
 
     python -c "from ckptfix.checks import codes_table_markdown; print(codes_table_markdown())"
 
-and paste it between the `<!-- codes:start -->` and `<!-- codes:end -->` markers in README.md.
+and paste it between the `<!-- codes:start -->` and `<!-- codes:end -->` markers in README.md. The guard's
+table (CKF8xx, declared in ckptfix/checks/guard.py) likewise, from `guard_codes_table_markdown()`, between the
+`<!-- guard-codes:start -->` and `<!-- guard-codes:end -->` markers.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfix.checks import SEVERITIES, codes_table_markdown, registry
+from ckptfix.checks import SEVERITIES, codes_table_markdown, guard_codes_table_markdown, registry
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 START, END = "<!-- codes:start -->", "<!-- codes:end -->"
@@ -64,3 +66,19 @@ def test_readme_lists_every_guard_code_and_the_guard_loop():
     import test_guard_readme_loop
 
     assert test_guard_readme_loop.README_LOOP.strip("\n") in readme
+
+
+def test_readme_guard_codes_table_matches_the_registry():
+    """Both README tables come from the one registry; the guard's exceptions are ckptfix errors."""
+    from ckptfix.errors import CkptfixError
+    from ckptfix.guard import ResumeError, TrainingSetupError
+
+    text = README.read_text(encoding="utf-8")
+    section = text.split("<!-- guard-codes:start -->", 1)[1].split("<!-- guard-codes:end -->", 1)[0]
+    assert section.strip() == guard_codes_table_markdown(), (
+        "README.md's guard codes table is out of date; regenerate it with\n"
+        "python -c \"from ckptfix.checks import guard_codes_table_markdown; print(guard_codes_table_markdown())\"")
+    guard, checkpoint = registry(guard=True), registry()
+    assert guard and all(re.fullmatch(r"CKF8\d\d", c) for c in guard) and not set(guard) & set(checkpoint)
+    assert issubclass(ResumeError, TrainingSetupError) and issubclass(TrainingSetupError, CkptfixError)
+    assert issubclass(TrainingSetupError, RuntimeError)  # what it was before: `except RuntimeError` still works

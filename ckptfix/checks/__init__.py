@@ -1,7 +1,10 @@
-"""Findings: each code is one small function registered here, with its severity and one line of docs.
+"""Findings: each code is registered here once, with its severity, title and one line of docs.
 
-The README's table of codes is generated from `REGISTRY` (and a test checks they agree), so the
-docs cannot drift from the code. Check functions take the `Context` and yield `Finding`s.
+Checkpoint codes (CKF1xx-7xx) are one small function each (`@check`): it takes the `Context` and
+yields `Finding`s. The training guard's codes (CKF8xx, `checks/guard.py`) are declarations
+(`declare`): the guard makes their `Problem`s from live torch objects. Both README tables are
+generated from `REGISTRY` (`codes_table_markdown`, `guard_codes_table_markdown`; tests/test_docs.py
+checks they agree), so the docs cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -65,20 +68,35 @@ class Check:
     severity: str  # the most severe level this code reports
     title: str
     doc: str
-    func: Callable[[Context], Iterator[Finding]]
+    func: Callable[[Context], Iterator[Finding]] | None  # None: a guard code (declared, made by the guard)
+
+    @property
+    def is_guard(self) -> bool:
+        return self.func is None
 
 
 REGISTRY: dict[str, Check] = {}
 
 
+def _register(spec: Check) -> None:
+    if spec.code in REGISTRY:
+        raise ValueError(f"duplicate finding code {spec.code}")
+    if spec.severity not in SEVERITIES:
+        raise ValueError(f"{spec.code}: unknown severity {spec.severity!r}")
+    REGISTRY[spec.code] = spec
+
+
 def check(code: str, severity: str, title: str, doc: str):
     """Register a check function under a stable code."""
     def wrap(func: Callable[[Context], Iterator[Finding]]):
-        if code in REGISTRY:
-            raise ValueError(f"duplicate finding code {code}")
-        REGISTRY[code] = Check(code, severity, title, doc, func)
+        _register(Check(code, severity, title, doc, func))
         return func
     return wrap
+
+
+def declare(code: str, severity: str, title: str, doc: str) -> None:
+    """Register a guard code (CKF8xx): the guard makes its `Problem`s; the registry documents it."""
+    _register(Check(code, severity, title, doc, None))
 
 
 def finding(code: str, message: str, *, severity: str | None = None, pytorch: str = "", fix: str = "",
@@ -91,18 +109,41 @@ def run_checks(ctx: Context) -> list[Finding]:
     _load_check_modules()
     findings: list[Finding] = []
     for spec in sorted(REGISTRY.values(), key=lambda c: c.code):
-        findings.extend(spec.func(ctx))
+        if spec.func is not None:
+            findings.extend(spec.func(ctx))
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(findings, key=lambda f: (order[f.severity], f.code))
 
 
 def _load_check_modules() -> None:
-    from ckptfix.checks import adapters, identity, integrity, numerics, optimizer, scaler, schedule, sharded, vocab  # noqa: F401
+    from ckptfix.checks import (  # noqa: F401
+        adapters,
+        guard,
+        identity,
+        integrity,
+        numerics,
+        optimizer,
+        scaler,
+        schedule,
+        sharded,
+        vocab,
+    )
 
 
-def registry() -> dict[str, Check]:
+def registry(*, guard: bool = False) -> dict[str, Check]:
+    """The checkpoint codes (`inspect`), or with `guard` the training guard's codes, by code."""
     _load_check_modules()
-    return dict(sorted(REGISTRY.items()))
+    return {code: spec for code, spec in sorted(REGISTRY.items()) if spec.is_guard == guard}
+
+
+def _table(specs: Iterable[Check]) -> str:
+    def cell(text: str) -> str:
+        return " ".join(str(text).split()).replace("|", "\\|")
+
+    lines = ["| code | severity | title | what it means |", "| --- | --- | --- | --- |"]
+    for spec in specs:
+        lines.append(f"| {spec.code} | {spec.severity} | {cell(spec.title)} | {cell(spec.doc)} |")
+    return "\n".join(lines)
 
 
 def codes_table_markdown() -> str:
@@ -110,10 +151,9 @@ def codes_table_markdown() -> str:
 
     One row per code: | code | severity | title | what it means |. Pipes in the text are escaped.
     """
-    def cell(text: str) -> str:
-        return " ".join(str(text).split()).replace("|", "\\|")
+    return _table(registry().values())
 
-    lines = ["| code | severity | title | what it means |", "| --- | --- | --- | --- |"]
-    for spec in registry().values():
-        lines.append(f"| {spec.code} | {spec.severity} | {cell(spec.title)} | {cell(spec.doc)} |")
-    return "\n".join(lines)
+
+def guard_codes_table_markdown() -> str:
+    """The README's table of the guard's codes (CKF8xx), in the same shape as `codes_table_markdown`."""
+    return _table(registry(guard=True).values())

@@ -6,6 +6,8 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ckptfix.errors import CkptfixError
+
 __all__ = ["Problem", "TrainingSetupError", "TrainingSetupWarning", "format_names", "MAX_NAMES"]
 
 #: How many parameter names a message lists before "and N more".
@@ -35,8 +37,9 @@ def format_names(names: Sequence[str], limit: int = MAX_NAMES) -> str:
     return f"{shown} and {rest} more" if rest > 0 else shown
 
 
-class TrainingSetupError(RuntimeError):
-    """Raised when training, as set up, would run without learning. `.problems` lists why."""
+class TrainingSetupError(CkptfixError, RuntimeError):
+    """Raised when training, as set up, would run without learning. `.problems` lists why.
+    A `CkptfixError` (one `except` catches everything ckptfix raises) and, as before, a RuntimeError."""
 
     def __init__(self, problems: Sequence[Problem]):
         self.problems = list(problems)
