@@ -86,15 +86,14 @@ def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, veri
     from ckptfix.identity import identity_notes, known_old_tokenizer
 
     mapping = map_optimizer(ckpt)
-    vocab = find_vocab_tensors(ckpt, mapping, tokenizer.size if tokenizer is not None else None)
     notes: list[str] = []
+    vocab = find_vocab_tensors(ckpt, mapping, tokenizer.size if tokenizer is not None else None, notes)
     old = None
     if tokenizer is not None or from_tokenizer is not None:
-        old, notes = known_old_tokenizer(ckpt, vocab_rows(vocab), from_tokenizer)
-        notes += identity_notes(ckpt, tokenizer, old, vocab_rows(vocab))
+        old, known = known_old_tokenizer(ckpt, vocab_rows(vocab), from_tokenizer)
+        notes += known + identity_notes(ckpt, tokenizer, old, vocab_rows(vocab))
     ctx = Context(ckpt, mapping, vocab, tokenizer, scan=scan, verify=verify, progress=progress, old_tokenizer=old)
     return Report(ckpt, mapping, vocab, run_checks(ctx), tokenizer, notes, old)
-
 
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:

@@ -11,10 +11,14 @@ from ckptfix.mapping import ParamMapping
 
 EMBEDDING_NAMES = re.compile(
     r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|text_embedding|token_embedding|tok_emb|"
-    r"shared|embed_in|word_emb|token_emb|tok_embed|embedding)\.weight$")
+    r"shared|embed_in|word_emb|token_emb|tok_embed|embedding|embeddings|word_embedding)\.weight$")
 HEAD_NAMES = re.compile(
     r"((^|\.)(lm_head|output|embed_out|text_head|head|decoder|generator|lm_logits)\.(weight|bias)$)"
     r"|((^|\.)lm_head\.bias$)|(final_logits_bias$)")
+# Tables indexed by something other than a token id, shaped like an embedding when their size happens to
+# equal the vocab's: never resized as vocab tensors.
+NOT_VOCAB_NAMES = re.compile(r"(position|pos_emb|wpe|token_type|segment|relative|rel_attn|rel_emb)", re.IGNORECASE)
+PER_LAYER = re.compile(r"\.\d+\.")  # inside a stack of blocks (layers.3.): vocab tensors are never per layer
 PADDING_MULTIPLES = (8, 16, 32, 64, 128, 256)
 
 
@@ -41,16 +45,6 @@ def vocab_rows(vocab: list[VocabTensor]) -> int | None:
     return embed.rows if embed is not None else None
 
 
-def _role(name: str, t: TensorInfo) -> str | None:
-    if not t.is_float:
-        return None
-    if len(t.shape) == 2 and EMBEDDING_NAMES.search(name):
-        return "embedding"
-    if HEAD_NAMES.search(name):
-        return "head" if len(t.shape) == 2 and name.endswith("weight") else "head-bias"
-    return None
-
-
 def padded_size(size: int, multiple: int) -> int:
     return -(-size // multiple) * multiple
 
@@ -60,38 +54,90 @@ def padding_multiple(rows: int, tokens: int) -> int | None:
     return next((m for m in PADDING_MULTIPLES if rows > tokens and padded_size(tokens, m) == rows), None)
 
 
-def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: int | None = None) -> list[VocabTensor]:
-    """Embedding/head tensors by name, then any other 2-D tensor with the same row count."""
+def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: int | None = None,
+                       notes: list[str] | None = None) -> list[VocabTensor]:
+    """Vocab tensors by structure: every float tensor with the vocab's row count along a dimension in the
+    place a vocab tensor has it, whatever its name: (rows, width) embeddings and heads, (rows,) head and
+    MLM decoder biases, (1, rows) `final_logits_bias`. The rows and the model width come from the named
+    embeddings, else from the 2-D tensor whose rows are nearest the tokenizer's size. A tensor that has
+    the rows elsewhere (a (width, rows) matrix, a table named like positions) is reported in `notes` as
+    ambiguous and left alone: a size can match by accident (an attention projection is not a vocab tensor)."""
+    rows, widths = _vocab_dims(ckpt, tokenizer_size)
     found: dict[str, VocabTensor] = {}
+    if not rows:
+        return []
+    other_dims = {d for name, t in ckpt.model.items() if not _vocab_shaped(t.shape, rows, widths)
+                  for d in t.shape}
+    first = True
     for name, t in ckpt.model.items():
-        role = _role(name, t)
-        if role == "head-bias":
-            rows = t.shape[-1] if t.shape else 0
-        elif role is not None:
-            rows = t.shape[0]
-        else:
+        role = _role(name, t, rows, widths, other_dims)
+        if role is None:
+            if notes is not None and t.is_float and any(d in rows for d in t.shape) and t.shape not in ((), (1,)):
+                notes.append(f"{name} {list(t.shape)} has a dimension of the vocab size ({'/'.join(map(str, sorted(rows)))} "
+                             "rows) but not in a vocab tensor's place; left alone (ambiguous)")
             continue
-        found[name] = VocabTensor(name, role, rows, t.shape, tied_to=ckpt.tied.get(name))
-    sizes = {v.rows for v in found.values() if v.role == "embedding"} or {v.rows for v in found.values()}
-    if tokenizer_size:
-        sizes.add(tokenizer_size)
-    for name, t in ckpt.model.items():
-        if name not in found and t.is_float and len(t.shape) == 2 and t.shape[0] in sizes and t.shape[0] > t.shape[1]:
-            found[name] = VocabTensor(name, "vocab-sized", t.shape[0], t.shape, tied_to=ckpt.tied.get(name))
-    _drop_non_vocab_heads(found)
+        if role == "embedding" and not EMBEDDING_NAMES.search(name) and not first:
+            role = "head"
+        first = first and role not in ("embedding", "head")
+        n = t.shape[-1] if role == "head-bias" else t.shape[0]
+        found[name] = VocabTensor(name, role, n, t.shape, tied_to=ckpt.tied.get(name))
     _attach_moments(ckpt, mapping, found)
     return list(found.values())
 
 
-def _drop_non_vocab_heads(found: dict[str, VocabTensor]) -> None:
-    # "head"/"output"/"decoder" also name classifier and attention projections: keep a head only when
-    # its rows match an embedding's (or there is no embedding to compare with).
-    embed_rows = {v.rows for v in found.values() if v.role == "embedding"}
-    if not embed_rows:
-        return
-    for name in [n for n, v in found.items() if v.role in ("head", "head-bias") and v.rows not in embed_rows]:
-        if found[name].rows < min(embed_rows) // 2:
-            del found[name]
+def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None) -> tuple[set[int], set[int]]:
+    """(vocab row counts, model widths): from named embeddings, else the 2-D tensor nearest the tokenizer."""
+    named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2 and EMBEDDING_NAMES.search(n)
+             and not NOT_VOCAB_NAMES.search(n)]
+    if not named and tokenizer_size:
+        near = max(16, tokenizer_size // 8)
+        candidates = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2
+                      and t.shape[0] > t.shape[1] and abs(t.shape[0] - tokenizer_size) <= near
+                      and not NOT_VOCAB_NAMES.search(n) and not PER_LAYER.search(n)]
+        named = sorted(candidates, key=lambda s: abs(s[0] - tokenizer_size))[:1]
+    if not named:  # no embedding to go by: heads by name (their rows are the vocab's)
+        named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2 and HEAD_NAMES.search(n)
+                 and not PER_LAYER.search(n)][:1]
+    rows = {s[0] for s in named}
+    widths = {s[1] for s in named}
+    # a factorised or projected head has another width (ALBERT, DeBERTa-v2's embedding_size): its name says so
+    widths |= {t.shape[1] for n, t in ckpt.model.items() if len(t.shape) == 2 and t.shape[0] in rows
+               and HEAD_NAMES.search(n) and not PER_LAYER.search(n) and t.shape[1] not in rows}
+    return rows, widths
+
+
+def _near(n: int, rows: set[int]) -> bool:
+    return any(abs(n - r) <= max(16, r // 8) for r in rows)
+
+
+def _vocab_shaped(shape: tuple[int, ...], rows: set[int], widths: set[int]) -> bool:
+    return (len(shape) == 2 and shape[0] in rows and shape[1] in widths) or (len(shape) == 1 and shape[0] in rows) \
+        or (len(shape) == 2 and shape[0] == 1 and shape[1] in rows)
+
+
+def _role(name: str, t: TensorInfo, rows: set[int], widths: set[int], other_dims: set[int]) -> str | None:
+    """embedding | head | head-bias, or None when `t` is not (certainly) a vocab tensor."""
+    if not t.is_float or NOT_VOCAB_NAMES.search(name):
+        return None
+    shape = t.shape
+    named = bool(EMBEDDING_NAMES.search(name) or HEAD_NAMES.search(name))
+    if len(shape) == 2 and shape[0] in rows and shape[1] in widths:
+        if shape[0] in widths and not named:  # a square matrix when the vocab equals the width: names only
+            return None
+        if PER_LAYER.search(name) and not EMBEDDING_NAMES.search(name):
+            return None
+        return "embedding" if EMBEDDING_NAMES.search(name) or not HEAD_NAMES.search(name) else "head"
+    if len(shape) == 2 and EMBEDDING_NAMES.search(name) and shape[1] in widths:
+        return "embedding"  # another embedding with its own vocab (FSMT's source and target tables)
+    if HEAD_NAMES.search(name) and not PER_LAYER.search(name) and len(shape) in (1, 2) and _near(shape[0], rows) \
+            and (len(shape) == 1 or shape[1] in widths):  # a head resized apart from its embedding (CKF104)
+        return "head" if len(shape) == 2 else "head-bias"
+    bias_like = name.endswith("bias") or "logit" in name
+    if len(shape) == 1 and shape[0] in rows and (bias_like or shape[0] not in other_dims | widths):
+        return None if PER_LAYER.search(name) else "head-bias"
+    if len(shape) == 2 and shape[0] == 1 and shape[1] in rows and (bias_like or shape[1] not in other_dims):
+        return "head-bias"
+    return None
 
 
 def _attach_moments(ckpt: Checkpoint, mapping: ParamMapping, found: dict[str, VocabTensor]) -> None:

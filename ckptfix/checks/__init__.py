@@ -123,6 +123,7 @@ def _load_check_modules() -> None:
         integrity,
         numerics,
         optimizer,
+        recorded,
         scaler,
         schedule,
         sharded,

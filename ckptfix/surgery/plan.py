@@ -115,6 +115,7 @@ class RepairPlan:
     findings_before: list[Finding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     rows_by: str = "id"  # id | token: how output rows were matched to input rows
+    recorded: dict[tuple, int] = field(default_factory=dict)  # recorded vocab sizes to set (path -> value)
 
     @property
     def changes(self) -> list[dict[str, Any]]:
@@ -122,7 +123,7 @@ class RepairPlan:
 
     def is_noop(self) -> bool:
         return not (self.weights or self.moments or self.drop_optimizer_state or self.reset_scheduler
-                    or self.reset_scaler)
+                    or self.reset_scaler or self.recorded)
 
 
 def default_policy(ckpt: Checkpoint) -> str:
@@ -172,10 +173,10 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
                 plan.moments[(v.optimizer_index, key)] = TensorEdit(f"{v.name}:{key}", v.role, moment, mplan, key,
                                                                  owner=v.name)
             if ckpt.optimizer is not None and v.optimizer_index is None:
-                plan.notes.append(f"no optimizer state could be matched to {v.name}; its moments (if any) are dropped")
-                plan.drop_optimizer_state = True
+                _no_state_for(plan, report, v)
     _plan_optimizer(plan)
     _plan_scaler(plan)
+    _plan_recorded(plan, {v.rows for v in vocab if v.role in ("embedding", "head")})
     _note_lost_tokens(plan)
     return plan
 
@@ -203,6 +204,32 @@ def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[
                  f"and keeping ids is right only if {tokenizer.path} appends to it; pass --from-tokenizer OLD "
                  "to move rows by token string")
     return None, "id", notes
+
+
+def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
+    """Recorded vocab sizes (nanoGPT model_args, Lightning hyper_parameters, litgpt) follow the rows."""
+    from ckptfix.recorded import find_recorded, updates
+
+    plan.recorded = updates(find_recorded(plan.ckpt.extras), old_rows, plan.target_rows, plan.tokenizer.size)
+    for path, value in plan.recorded.items():
+        plan.notes.append(f"recorded {'.'.join(map(str, path))} set to {value}")
+
+
+def _no_state_for(plan: RepairPlan, report: Any, v: Any) -> None:
+    """A vocab tensor no optimizer entry was matched to: a buffer or a frozen parameter when every entry
+    with state belongs to another parameter (BART's `final_logits_bias`); otherwise its moments are among
+    the unmatched entries and remapping cannot tell which: stop rather than drop or misplace them."""
+    opt = plan.ckpt.optimizer
+    assert opt is not None
+    owned = set(report.mapping.names) | {x.optimizer_index for x in report.vocab if x.optimizer_index is not None}
+    unmatched = [i for i in opt.indices() if i not in owned and opt.state.get(i) is not None
+                 and any(len(t.shape) == len(v.shape) for t in opt.state[i].tensors.values())]
+    if not unmatched:
+        plan.notes.append(f"{v.name} has no optimizer state (a buffer or a frozen parameter)")
+        return
+    raise RepairError(f"{plan.ckpt.path}: cannot tell which of {len(unmatched)} unmatched optimizer state "
+                      f"entries holds the moments of {v.name} (parameters matched by {report.mapping.method}); "
+                      "--policy fresh (drop optimizer state, keep the schedule) or --policy reset repairs it")
 
 
 def _row_plan(rows: int, target: int, tokenizer: Any, from_tokenizer: Any) -> RowPlan:

@@ -45,6 +45,10 @@ def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
         put(ckpt.sections["optimizer"], edit_optimizer(_get(tree, ckpt.sections["optimizer"])[2], plan, table))
     if "scaler" in ckpt.sections:
         put(ckpt.sections["scaler"], edit_scaler(_get(tree, ckpt.sections["scaler"])[2], plan))
+    if plan.recorded:
+        from ckptfix.recorded import apply
+
+        out = apply(out, plan.recorded)
     if plan.reset_scheduler and "scheduler" in ckpt.sections:
         section = ckpt.sections["scheduler"]
         if section.endswith("]"):
