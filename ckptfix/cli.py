@@ -6,25 +6,19 @@ import json
 import os
 import signal
 import sys
-from typing import Any, Iterable
+from typing import Any
 
 import click
 
 from ckptfix.errors import CkptfixError
 from ckptfix.policies import REPAIR_POLICIES
+from ckptfix.progress import terminal_progress
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
 
-def _progress(items: Iterable, total_bytes: int, label: str) -> Iterable:
-    """A byte-weighted progress bar on stderr, only when a person is watching."""
-    if not sys.stderr.isatty():
-        yield from items
-        return
-    with click.progressbar(length=total_bytes, label=label, file=sys.stderr) as bar:
-        for item in items:
-            yield item
-            bar.update(getattr(item, "nbytes", 0) or getattr(item, "file_size", 0))
+_QUIET = click.option("--quiet", "-q", is_flag=True,
+                      help="No progress bar (one is drawn on a terminal for work over a second; never when piped).")
 
 
 def _emit_json(data: object) -> None:
@@ -50,8 +44,9 @@ def cli() -> None:
 @click.option("--verify", is_flag=True, help="Also check every zip record against its CRC-32.")
 @click.option("--trust-pickle", is_flag=True,
               help="Read pickles that need globals outside the allowlist, as inert records (still never executed).")
+@_QUIET
 def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, as_json: bool, scan: bool, verify: bool,
-            trust_pickle: bool) -> None:
+            trust_pickle: bool, quiet: bool) -> None:
     """Report model, optimizer, scheduler and scaler state, and list findings.
 
     \b
@@ -63,7 +58,7 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
     from ckptfix.inspect import inspect as run_inspect
 
     report = run_inspect(checkpoint, tokenizer, scan=scan, verify=verify, trust_pickle=trust_pickle,
-                         from_tokenizer=from_tokenizer, progress=_progress)
+                         from_tokenizer=from_tokenizer, progress=terminal_progress(quiet))
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -96,10 +91,11 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
 @click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
 @click.option("--in-place", is_flag=True,
               help="DCP folders: write only what changes into CHECKPOINT itself (undo: ckptfix restore CHECKPOINT).")
+@_QUIET
 def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, keep_ids: bool,
            policy: str | None, init: str,
            std: float, pad_to_multiple_of: int | None, seed: int, dry_run: bool, force: bool, as_json: bool,
-           trust_pickle: bool, in_place: bool) -> None:
+           trust_pickle: bool, in_place: bool, quiet: bool) -> None:
     """Resize embeddings/heads and their optimizer state to TOKENIZER; write a new resume checkpoint.
 
     \b
@@ -117,7 +113,7 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
     result = run_repair(checkpoint, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
                         pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
                         trust_pickle=trust_pickle, seed=seed, in_place=in_place, keep_ids=keep_ids,
-                        progress=_progress)
+                        progress=terminal_progress(quiet))
     if as_json:
         _emit_json(result.to_json())
     else:
@@ -133,7 +129,8 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
 @click.option("--atol", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
               help="Count a tensor as changed only if some value moved by more than this.")
 @click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
-def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool) -> None:
+@_QUIET
+def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, quiet: bool) -> None:
     """Compare checkpoint A (earlier) with B (later): which tensors changed, and are weights moving?
 
     Exit code 0 when trainable weights changed, 1 when none did, 2 for unreadable input.
@@ -146,7 +143,7 @@ def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool) -> None
     """
     from ckptfix.diff import diff as run_diff
 
-    report = run_diff(a, b, atol=atol, progress=_progress, trust_pickle=trust_pickle)
+    report = run_diff(a, b, atol=atol, progress=terminal_progress(quiet), trust_pickle=trust_pickle)
     if as_json:
         _emit_json(report.to_json())
     else:
@@ -199,9 +196,6 @@ def main(argv: list[str] | None = None) -> None:
     except CkptfixError as exc:
         click.echo(f"ckptfix: error: {_one_line(str(exc))}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    except KeyboardInterrupt:
-        click.echo("ckptfix: interrupted", err=True)
-        sys.exit(130)
     except BrokenPipeError:
         sys.exit(EXIT_CLEAN)
     except Exception as exc:  # a bug in ckptfix: still one line, but a distinct code so tests can tell

@@ -336,7 +336,7 @@ def test_streamed_repair_equals_naive_script(ckpt, tokenizer, tmp_path):
 @pytest.mark.parametrize("init", ["zeros", "mean", "normal"])
 def test_stream_and_produce_give_the_same_tensor(ckpt, tokenizer, init):
     """The streaming writer (raw prefix copy + new rows) and the materialising one agree on every edit."""
-    from ckptfix.formats.torch_save import Spliced, _tensor_bytes
+    from ckptfix.formats.torch_save import Spliced, tensor_bytes
     from ckptfix.inspect import analyse
     from ckptfix.surgery.plan import make_plan
     from ckptfix.tokenizers import load_tokenizer
@@ -351,8 +351,8 @@ def test_stream_and_produce_give_the_same_tensor(ckpt, tokenizer, init):
         assert isinstance(spliced, Spliced), edit.name
         with open(spliced.prefix.file, "rb") as f:
             f.seek(spliced.prefix.start)
-            streamed = f.read(spliced.prefix.length) + bytes(_tensor_bytes(spliced.tail))
-        produced = bytes(_tensor_bytes(edit.produce(init, 0.02, g_produce)))
+            streamed = f.read(spliced.prefix.length) + bytes(tensor_bytes(spliced.tail))
+        produced = bytes(tensor_bytes(edit.produce(init, 0.02, g_produce)))
         assert streamed == produced, edit.name
 
 

@@ -11,8 +11,9 @@ from ckptfix.checkpoint import ByteRange
 from ckptfix.errors import RepairError
 from ckptfix.formats.pickle_safe import DTYPE_SIZES
 from ckptfix.formats.safetensors_file import SAFETENSORS_DTYPES
-from ckptfix.formats.torch_save import _tensor_bytes
+from ckptfix.formats.torch_save import tensor_bytes
 from ckptfix.io import copy_range
+from ckptfix.progress import Progress
 
 
 @dataclass
@@ -28,8 +29,9 @@ class Entry:
         return DTYPE_SIZES[self.dtype] * math.prod(self.shape)
 
 
-def write(out: BinaryIO, entries: list[Entry], metadata: dict[str, str] | None = None) -> None:
-    """Header first (offsets are known from shapes), then each tensor's bytes in order."""
+def write(out: BinaryIO, entries: list[Entry], metadata: dict[str, str] | None = None,
+          progress: Progress | None = None) -> None:
+    """Header first (offsets are known from shapes), then each tensor's bytes in order (counted by `progress`)."""
     header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
     offset = 0
     for e in entries:
@@ -40,9 +42,9 @@ def write(out: BinaryIO, entries: list[Entry], metadata: dict[str, str] | None =
     raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned, as the safetensors library writes it
     out.write(len(raw).to_bytes(8, "little"))
     out.write(raw)
-    for e in entries:
+    for e in progress(entries, offset, "repair") if progress else entries:
         if e.produce is not None:
-            data = _tensor_bytes(e.produce())
+            data = tensor_bytes(e.produce())
             if len(data) != e.nbytes:
                 raise RepairError(f"{e.name}: produced {len(data)} bytes, expected {e.nbytes}")
             out.write(data)

@@ -19,7 +19,7 @@ import pickle
 import threading
 import zlib
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable
+from typing import Any, BinaryIO, Callable, NamedTuple
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.errors import RepairError
 from ckptfix.formats.pickle_safe import DTYPE_SIZES, OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype
 from ckptfix.formats.zipwriter import ZipWriter
+from ckptfix.progress import Progress
 
 _STORAGE_CLASS = {"float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
                   "bfloat16": "BFloat16Storage", "int64": "LongStorage", "int32": "IntStorage",
@@ -157,7 +158,7 @@ _NOOP2, _NOOP3 = pickle.NONE + pickle.POP, pickle.BININT1 + b"\x00" + pickle.POP
 
 def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSource], *,
           prefix: str = "archive", version: bytes | None = None,
-          finish: Callable[[Any, bool], Any] | None = None) -> None:
+          finish: Callable[[Any, bool], Any] | None = None, progress: Progress | None = None) -> None:
     """Write `tree` as a torch zip archive; `source_for` says where each storage's bytes come from.
 
     The records are those torch.save writes, in its order: `data.pkl`, `.format_version`,
@@ -165,7 +166,8 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
     order), `version`, `.data/serialization_id`. `finish(tree, final)` may add values known only after
     the bytes are copied (e.g. the source's sha256, hashed on another thread meanwhile): `data.pkl` is
     first written from `finish(tree, False)` (placeholders) and rewritten in place from
-    `finish(tree, True)`, which must pickle to no more bytes. It must not add tensors.
+    `finish(tree, True)`, which must pickle to no more bytes. It must not add tensors. `progress`
+    counts the storages' bytes as they are written.
     """
     data, storages = _pickle(finish(tree, False) if finish else tree)
     zw = ZipWriter(out)
@@ -173,8 +175,9 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
     zw.write_bytes(f"{prefix}/.format_version", b"1")
     zw.write_bytes(f"{prefix}/.storage_alignment", b"64")
     zw.write_bytes(f"{prefix}/byteorder", b"little")
-    for key, storage in storages.items():
-        _write_storage(zw, f"{prefix}/data/{key}", storage, source_for(storage))
+    records = [_Record(key, storage, storage.nbytes) for key, storage in storages.items()]
+    for record in progress(records, sum(r.nbytes for r in records), "repair") if progress else records:
+        _write_storage(zw, f"{prefix}/data/{record.key}", record.storage, source_for(record.storage))
     zw.write_bytes(f"{prefix}/version", version or b"3\n")
     zw.write_bytes(f"{prefix}/.data/serialization_id", _serialization_id(zw))
     if finish is not None:
@@ -189,6 +192,12 @@ def write(out: BinaryIO, tree: Any, source_for: Callable[[StorageRef], StorageSo
             raise RepairError("internal: finishing the checkpoint changed its tensors or grew its pickle")
         zw.rewrite(pkl, _padded(final, len(data)))
     zw.close()
+
+
+class _Record(NamedTuple):
+    key: str
+    storage: StorageRef
+    nbytes: int
 
 
 def _padded(data: memoryview, size: int) -> bytes:
@@ -292,7 +301,7 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
         if isinstance(produced, Spliced):
             _write_spliced(zw, name, storage, produced)
             return
-        data = _tensor_bytes(produced)
+        data = tensor_bytes(produced)
         if len(data) != storage.nbytes:
             raise RepairError(f"storage {storage.key}: produced {len(data)} bytes, expected {storage.nbytes}")
         zw.write_bytes(name, data)
@@ -311,7 +320,7 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
 def _write_spliced(zw: ZipWriter, name: str, storage: StorageRef, spliced: Spliced) -> None:
     """The source's bytes copied raw (kernel side), then the produced tail; the CRC-32 continues from
     the prefix's (known for a whole source record, else computed from the mapped file)."""
-    where, tail = spliced.prefix, _tensor_bytes(spliced.tail)
+    where, tail = spliced.prefix, tensor_bytes(spliced.tail)
     if where.length + len(tail) != storage.nbytes:
         raise RepairError(f"storage {storage.key}: produced {where.length + len(tail)} bytes, "
                           f"expected {storage.nbytes}")
@@ -328,7 +337,7 @@ def _crc_of(where: ByteRange, length: int) -> int:
     return crc
 
 
-def _tensor_bytes(tensor: Any) -> memoryview:
+def tensor_bytes(tensor: Any) -> memoryview:
     """The raw bytes of a torch tensor (made contiguous), a numpy array or a bytes-like object."""
     if isinstance(tensor, np.ndarray):
         return memoryview(np.ascontiguousarray(tensor).reshape(-1).view(np.uint8))  # type: ignore[arg-type]

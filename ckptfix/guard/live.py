@@ -58,7 +58,7 @@ class Live:
     @classmethod
     def capture(cls, model: Any, optimizer: Any = None, scheduler: Any = None, scaler: Any = None,
                 tokenizer_size: int | None = None) -> Live:
-        from ckptfix.guard.setup import _scaler_enabled, named_params, unwrap_optimizer
+        from ckptfix.guard.setup import named_params, scaler_enabled, unwrap_optimizer
 
         params = named_params(model)
         param_ids = {id(p) for p in model.parameters()}
@@ -70,7 +70,7 @@ class Live:
             groups = [[_tensor(names.get(id(p), f"<unnamed {list(p.shape)}>"), p, True) for p in g["params"]]
                       for g in opt.param_groups]
         return cls(state=state, model_order=[id(p) for p in params.values()], optimizer=groups,
-                   has_scheduler=scheduler is not None, scaler_enabled=_scaler_enabled(scaler),
+                   has_scheduler=scheduler is not None, scaler_enabled=scaler_enabled(scaler),
                    has_scaler=scaler is not None, tokenizer_size=tokenizer_size,
                    embedding=_embedding(model) if tokenizer_size is not None else None)
 

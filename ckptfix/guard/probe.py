@@ -9,13 +9,13 @@ from typing import Any
 
 import torch
 
-from ckptfix.guard.problems import Problem, _report
+from ckptfix.guard.problems import Problem, report_problems
 from ckptfix.guard.setup import (
     _lr_by_param,
     _param_ids_in,
-    _scaler_enabled,
     _scaler_of,
     named_params,
+    scaler_enabled,
     unwrap_optimizer,
 )
 
@@ -127,7 +127,7 @@ class StepProbe:
         self._snapshot = self._take_snapshot(opt)
         self._step_before = self._step_counters(opt)
         self._scale_before = (float(self.scaler.get_scale())
-                              if _scaler_enabled(self.scaler) else None)
+                              if scaler_enabled(self.scaler) else None)
 
     def after_step(self) -> list[Problem]:
         """Check that the optimizer step changed the weights (call after optimizer.step)."""
@@ -137,7 +137,7 @@ class StepProbe:
         if self._was_skipped():
             self._skipped += 1
             why = ("the GradScaler found inf/NaN gradients and lowered its scale; normal for the "
-                   "first steps while the scale calibrates" if _scaler_enabled(self.scaler)
+                   "first steps while the scale calibrates" if scaler_enabled(self.scaler)
                    else "the optimizer did not advance its step counters")
             problems.append(Problem(
                 "CKF815", "warning", f"optimizer step {self.steps_done + 1} was skipped ({why}).",
@@ -192,7 +192,7 @@ class StepProbe:
                 bad.append(f"{name} ({count} of {g.numel()})")
         if not bad:
             return []
-        if _scaler_enabled(self.scaler):
+        if scaler_enabled(self.scaler):
             return [Problem(
                 "CKF812", "warning",
                 f"{len(bad)} parameter(s) have NaN/Inf (scaled) gradients; the GradScaler will "
@@ -294,7 +294,7 @@ class StepProbe:
         if isinstance(skipped, bool):
             return skipped
         opt = unwrap_optimizer(self.optimizer)
-        if _scaler_enabled(self.scaler):
+        if scaler_enabled(self.scaler):
             # Before scaler.update(): the scaler still holds this step's found_inf per device.
             states = getattr(self.scaler, "_per_optimizer_states", {})
             for key in (id(self.optimizer), id(opt)):
@@ -339,4 +339,4 @@ class StepProbe:
 
     def _emit(self, problems: list[Problem]) -> list[Problem]:
         self.problems += problems
-        return _report(problems, self.raise_on_error, stacklevel=4)  # the caller of the hook
+        return report_problems(problems, self.raise_on_error, stacklevel=4)  # the caller of the hook

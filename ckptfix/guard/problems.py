@@ -63,7 +63,7 @@ def raise_or_warn(problems: Sequence[Problem], error: Callable[[list[Problem]], 
         warnings.warn(str(problem), TrainingSetupWarning, stacklevel=stacklevel)
 
 
-def _report(problems: list[Problem], raise_on_error: bool, stacklevel: int = 3) -> list[Problem]:
+def report_problems(problems: list[Problem], raise_on_error: bool, stacklevel: int = 3) -> list[Problem]:
     """Guard mode (`raise_on_error`): raise on errors, `warnings.warn` the warnings.
 
     Report mode: return everything and have no side effects.

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ckptfix.guard.problems import Problem, _report
+from ckptfix.guard.problems import Problem, report_problems
 
 __all__ = ["check_training_setup", "named_params", "unwrap_optimizer", "is_adapter_param", "SETUP_CHECKS"]
 
@@ -64,7 +64,7 @@ def _scaler_of(optimizer: Any, scaler: Any) -> Any:
     return scaler if scaler is not None else getattr(optimizer, "scaler", None)
 
 
-def _scaler_enabled(scaler: Any) -> bool:
+def scaler_enabled(scaler: Any) -> bool:
     """Works for torch.amp.GradScaler and the deprecated torch.cuda.amp.GradScaler (a subclass)."""
     is_enabled = getattr(scaler, "is_enabled", None)
     return bool(is_enabled()) if callable(is_enabled) else False
@@ -200,7 +200,7 @@ def _check_state_devices(s: _Setup) -> list[Problem]:
 
 def _check_fp16_with_scaler(s: _Setup) -> list[Problem]:
     """CKF806: fp16 trainable weights under an enabled GradScaler."""
-    if not _scaler_enabled(s.scaler):
+    if not scaler_enabled(s.scaler):
         return []
     fp16 = [n for n, p in s.trainable.items() if p.dtype == torch.float16]
     if not fp16:
@@ -250,7 +250,7 @@ def _check_learning_rate(s: _Setup) -> list[Problem]:
 
 def _check_scaler_scale(s: _Setup) -> list[Problem]:
     """CKF808: a GradScaler whose scale is non-finite or collapsed (every step overflowed)."""
-    if not _scaler_enabled(s.scaler):
+    if not scaler_enabled(s.scaler):
         return []
     scale = float(s.scaler.get_scale())
     if not math.isfinite(scale) or scale < 2.0**-24:
@@ -303,4 +303,4 @@ def check_training_setup(
         scheduler=scheduler,
     )
     problems = [p for check in SETUP_CHECKS for p in check(setup)]
-    return _report(problems, raise_on_error)
+    return report_problems(problems, raise_on_error)

@@ -23,7 +23,7 @@ import numpy as np
 from ckptfix.io import atomic_folder, backup_path
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import edit_model, edit_optimizer, edit_scaler
-from ckptfix.surgery.write_hf import _rewrite_torch, _write_safetensors
+from ckptfix.surgery.write_hf import rewrite_torch_file, write_safetensors
 
 
 def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
@@ -47,17 +47,18 @@ def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], 
             elif role == "model" and plan.weights:
                 with open(dst, "wb") as f:
                     if name.endswith(".safetensors"):
-                        _write_safetensors(plan, src, f, rng)
+                        write_safetensors(plan, src, f, rng, progress)
                     else:
-                        _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_model(tree, plan, table))
+                        rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_model(tree, plan, table), progress)
             elif role == "optimizer" and (plan.moments or plan.drop_optimizer_state or plan.reset_scheduler):
                 with open(dst, "wb") as f:
-                    _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_optimizer(tree, plan, table))
+                    rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_optimizer(tree, plan, table),
+                                       progress)
             elif role == "scheduler" and plan.reset_scheduler:
                 continue
             elif role == "scaler" and plan.reset_scaler:
                 with open(dst, "wb") as f:
-                    _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
+                    rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
             else:
                 shutil.copy2(src, dst)  # RNG states, samplers, further models: bytes, never unpickled
             if os.path.isfile(dst) and not os.path.islink(dst):  # rewritten files keep the source's mode

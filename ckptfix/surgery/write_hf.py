@@ -18,6 +18,7 @@ import numpy as np
 
 from ckptfix.formats import safetensors_file, safetensors_save, torch_file, torch_save
 from ckptfix.io import atomic_file, atomic_folder, backup_path
+from ckptfix.progress import Progress
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer, edit_scaler
 
@@ -32,13 +33,15 @@ def write_safetensors_file(plan: RepairPlan, out: str, record_fn: Callable[[], d
 
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=plan.ckpt.path, backup=in_place) as f:
-        _write_safetensors(plan, plan.ckpt.path, f, rng)
+        write_safetensors(plan, plan.ckpt.path, f, rng, progress)
     with atomic_file(out + ".ckptfix.json") as f:
         f.write(record_json(record_fn()))
     return backup
 
 
-def _write_safetensors(plan: RepairPlan, source: str, f: Any, rng: np.random.Generator) -> None:
+def write_safetensors(plan: RepairPlan, source: str, f: Any, rng: np.random.Generator,
+                      progress: Progress | None = None) -> None:
+    """The safetensors file `source` with the plan's weight edits, streamed to `f` (shared with accelerate)."""
     tensors, metadata = safetensors_file.tensors(source)
     entries = []
     for name, t in sorted(tensors.items(), key=lambda kv: kv[1].locate().start):
@@ -48,7 +51,7 @@ def _write_safetensors(plan: RepairPlan, source: str, f: Any, rng: np.random.Gen
                                                   produce=lambda e=edit: e.produce(plan.init, plan.std, rng)))  # type: ignore[misc]
         else:
             entries.append(safetensors_save.Entry(name, t.dtype, t.shape, copy_from=t.locate()))
-    safetensors_save.write(f, entries, metadata or None)
+    safetensors_save.write(f, entries, metadata or None, progress)
 
 
 def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
@@ -66,8 +69,8 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
             if os.path.isdir(src):
                 shutil.copytree(src, dst, symlinks=True)
             elif os.path.realpath(src) in {os.path.realpath(p) for p in edited_files}:
-                _rewrite_weights(plan, src, dst, rng)
-            elif not _rewrite_training_file(plan, name, src, dst, rng):
+                _rewrite_weights(plan, src, dst, rng, progress)
+            elif not _rewrite_training_file(plan, name, src, dst, rng, progress):
                 shutil.copy2(src, dst)
             if os.path.isfile(dst):  # a rewritten file keeps its source's permissions, like a copied one
                 shutil.copymode(src, dst)
@@ -78,25 +81,26 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
     return backup
 
 
-def _rewrite_weights(plan: RepairPlan, src: str, dst: str, rng: np.random.Generator) -> None:
+def _rewrite_weights(plan: RepairPlan, src: str, dst: str, rng: np.random.Generator, progress: Progress | None) -> None:
     with open(dst, "wb") as f:
         if src.endswith(".safetensors"):
-            _write_safetensors(plan, src, f, rng)
+            write_safetensors(plan, src, f, rng, progress)
         else:
-            _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_model(tree, plan, table))
+            rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_model(tree, plan, table), progress)
 
 
-def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng: np.random.Generator) -> bool:
+def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng: np.random.Generator,
+                           progress: Progress | None = None) -> bool:
     """optimizer.pt / scheduler.pt / scaler.pt / config.json as the policy requires. False: copy as is."""
     if name in ("optimizer.pt", "scheduler.pt") and plan.reset_scheduler:
         return True  # both gone: the Trainer builds a fresh optimizer and schedule
     if name == "optimizer.pt" and (plan.moments or plan.drop_optimizer_state):
         with open(dst, "wb") as f:
-            _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_optimizer(tree, plan, table))
+            rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_optimizer(tree, plan, table), progress)
         return True
     if name == "scaler.pt" and plan.reset_scaler:
         with open(dst, "wb") as f:
-            _rewrite_torch(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
+            rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
         return True
     if name == "config.json":
         with open(src, "rb") as f:
@@ -110,11 +114,13 @@ def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng:
     return False
 
 
-def _rewrite_torch(src: str, f: Any, plan: RepairPlan, rng: np.random.Generator, edit: Callable) -> None:
+def rewrite_torch_file(src: str, f: Any, plan: RepairPlan, rng: np.random.Generator, edit: Callable,
+                       progress: Progress | None = None) -> None:
+    """The torch file `src` with `edit(tree, table)` applied, streamed to `f` (shared with accelerate)."""
     tree, locate_for, archive = torch_file.load(src, opaque=True)  # inert records are refused when written
     table = StorageTable(tree, locate_for, archive, lambda e: e.output(plan.init, plan.std, rng))
     prefix = archive.prefix if archive is not None else "archive"
-    torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix)
+    torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix, progress=progress)
 
 
 def _update_index_sizes(plan: RepairPlan, folder: str) -> None:

@@ -79,7 +79,8 @@ def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[..., 
     version = archive.read_member("version") if archive is not None else None
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=source, backup=in_place) as f:
-        torch_save.write(f, new_tree, table.source_for, prefix=prefix, version=version, finish=finish)
+        torch_save.write(f, new_tree, table.source_for, prefix=prefix, version=version, finish=finish,
+                         progress=progress)
     if bare:
         with atomic_file(out + ".ckptfix.json") as f:
             f.write(record_json(record_fn()))
