@@ -282,3 +282,19 @@ def test_whisper_large_v3_rows_are_reserved_by_its_config(tmp_path):
     report = inspect(_save(_real_model(large), large, tmp_path), tokenizer)
     assert report.exit_code == 0 and [f.code for f in report.findings] == ["CKF105"]
     assert "1 row(s) reserved" in report.findings[0].message
+
+
+# GPT-2's tokenizer under other models' rows: nanoGPT pads 50257 to 50304 (a multiple of 64); CodeGen keeps
+# 51200 rows (a multiple of 1024, 943 reserved); one row more or less than the tokenizer is seed 001's error.
+GPT2_SHAPES = [(50304, None, ["CKF103"], 0), (51200, None, ["CKF105"], 0), (51200, 51200, ["CKF105"], 0),
+               (50258, None, ["CKF102"], 1), (50256, None, ["CKF101"], 1)]
+
+
+@pytest.mark.parametrize("rows, config_vocab, codes, exit_code", GPT2_SHAPES)
+def test_gpt2_tokenizer_against_other_rows(tmp_path, rows, config_vocab, codes, exit_code):
+    entry = next(e for e in corpus.ENTRIES if e.name == "gpt2-encoder")
+    tokenizer = _cached(entry)
+    shaped = corpus.Entry(entry.name, entry.package, entry.members, entry.format, entry.size, "GPT-2", rows,
+                          config_vocab)
+    report = inspect(_save(_real_model(shaped), shaped, tmp_path), tokenizer)
+    assert sorted(f.code for f in report.findings) == codes and report.exit_code == exit_code
