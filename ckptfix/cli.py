@@ -78,8 +78,9 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
 @click.option("--keep-ids", is_flag=True, help="Keep row i for token i even where the old tokenizer is known or ids look moved.")
 @click.option("--policy", type=click.Choice(REPAIR_POLICIES),
               help="Optimizer state: remap moments (default for Adam), fresh (drop state, keep schedule), reset (drop both).")
-@click.option("--init", "init", type=click.Choice(["mean", "zeros", "normal"]), default="mean", show_default=True,
-              help="New rows: mean (HF mean_resizing), zeros, or normal with --std.")
+@click.option("--init", "init", type=click.Choice(["pieces", "mean", "zeros", "normal"]),
+              help="New rows: pieces (mean of the old pieces of the token's text; default with --from-tokenizer), "
+                   "mean (HF mean_resizing; default otherwise), zeros, or normal with --std.")
 @click.option("--std", type=float, default=0.02, show_default=True, help="Standard deviation for --init normal.")
 @click.option("--pad-to", "--pad-to-multiple-of", "pad_to_multiple_of", type=click.IntRange(min=1),
               help="Round the row count up to a multiple of N (1: one row per token). Default: keep rows that "
@@ -93,7 +94,7 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
               help="DCP folders: write only what changes into CHECKPOINT itself (undo: ckptfix restore CHECKPOINT).")
 @_QUIET
 def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, keep_ids: bool,
-           policy: str | None, init: str,
+           policy: str | None, init: str | None,
            std: float, pad_to_multiple_of: int | None, seed: int, dry_run: bool, force: bool, as_json: bool,
            trust_pickle: bool, in_place: bool, quiet: bool) -> None:
     """Resize embeddings/heads and their optimizer state to TOKENIZER; write a new resume checkpoint.

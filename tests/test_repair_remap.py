@@ -81,7 +81,8 @@ def test_permuted_and_extended_tokenizer_moves_rows_by_token(setup, tmp_path):
     src, old_vocab = setup["src"], setup["vocab"]
     digest = sha256(setup["ckpt"])
     out = tmp_path / "remapped.pth"
-    result = ckptfix.repair(setup["ckpt"], setup["grown"], out, from_tokenizer=setup["old"])
+    result = ckptfix.repair(setup["ckpt"], setup["grown"], out, from_tokenizer=setup["old"],
+                            init="mean")  # this test checks the mean fill; pieces: test_init_pieces.py
     assert sha256(setup["ckpt"]) == digest
     sources = expected_sources(setup["old"], setup["grown"])
     assert len(sources) == old_vocab + len(NEW_TOKENS)

@@ -124,6 +124,7 @@ def _load_check_modules() -> None:
         numerics,
         optimizer,
         recorded,
+        reserved,
         scaler,
         schedule,
         sharded,

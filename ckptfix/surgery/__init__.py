@@ -62,7 +62,7 @@ class RepairResult:
 
 
 def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str | os.PathLike | None = None, *,
-           from_tokenizer: str | os.PathLike | None = None, policy: str | None = None, init: str = "mean",
+           from_tokenizer: str | os.PathLike | None = None, policy: str | None = None, init: str | None = None,
            std: float = 0.02, pad_to_multiple_of: int | None = None, dry_run: bool = False, force: bool = False,
            trust_pickle: bool = False, seed: int = 0, in_place: bool = False, keep_ids: bool = False,
            progress: Callable[[Iterable, int, str], Iterable] | None = None) -> RepairResult:
@@ -70,7 +70,9 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
 
     policy: "remap" (moments follow their rows; default for Adam-like optimizers), "fresh" (drop
     optimizer state, keep the schedule position, the loop must re-warm) or "reset" (drop optimizer
-    and scheduler state). init: "mean" (HF mean_resizing), "zeros" or "normal" (with `std`).
+    and scheduler state). init: "pieces" (the mean of the rows of the old tokenizer's pieces of each new
+    token's text; the default when `from_tokenizer` is given), "mean" (HF mean_resizing; the default
+    otherwise), "zeros" or "normal" (with `std`).
     `out` may equal the input only with `force`; the original is then kept as a `.bak`.
     `in_place` (DCP folders): rewrite only what changes inside the source folder, keeping the previous
     metadata as a backup that `ckptfix restore` puts back; `out` must then be omitted.

@@ -16,15 +16,17 @@ import numpy as np
 
 from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torch
 from ckptfix.checks import Finding
+from ckptfix.checks.reserved import never_trained_from
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.errors import RepairError
 from ckptfix.fit import config_vocab_size, target_rows
 from ckptfix.formats.pickle_safe import DTYPE_SIZES
 from ckptfix.policies import REPAIR_POLICIES, canonical
-from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_row_values, plan_by_id, plan_by_token
+from ckptfix.surgery.pieces import piece_rows
+from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_rows_for, plan_by_id, plan_by_token
 
 POLICIES = REPAIR_POLICIES
-INITS = ("mean", "zeros", "normal")
+INITS = ("pieces", "mean", "zeros", "normal")
 ADAM_LIKE = ("adam", "adamw")
 DEFAULT_SCALE = 65536.0
 
@@ -38,6 +40,7 @@ class TensorEdit:
     source: TensorInfo
     plan: RowPlan
     moment_key: str | None = None
+    tied: bool = False  # an embedding whose rows are also the head's (its new rows produce logits)
     owner: str | None = None  # a moment's weight (its model tensor name); None for a weight
 
     @property
@@ -53,7 +56,8 @@ class TensorEdit:
         transposed = self.role == "head-bias" and old.ndim == 2
         if transposed:
             old = old.reshape(-1)
-        fill = new_row_values(old, self.source.dtype, self.plan.new, fill_for(init, self.moment_key), std, rng)
+        fill_kind = fill_for(init, self.moment_key, self.role, self.tied)
+        fill = new_rows_for(old, self.source.dtype, self.plan, fill_kind, std, rng)
         out = apply_plan(old, self.plan, fill)
         return out.reshape(self.new_shape) if transposed else out
 
@@ -88,10 +92,10 @@ class TensorEdit:
         return Spliced(ByteRange(where.file, start, keep * row_bytes), tail)
 
     def _new_rows(self, count: int, init: str, std: float, rng: np.random.Generator) -> Any:
-        src, fill = self.source, fill_for(init, self.moment_key)
+        src, fill = self.source, fill_for(init, self.moment_key, self.role, self.tied)
         if count == 0 or fill == "zeros":
             return bytes(DTYPE_SIZES[src.dtype] * count * math.prod(src.shape[1:]))  # +0.0 in every float dtype
-        return new_row_values(src.read_stored(), src.dtype, count, fill, std, rng)
+        return new_rows_for(src.read_stored(), src.dtype, self.plan, fill, std, rng)
 
     def to_json(self) -> dict[str, Any]:
         return {"tensor": self.name, "role": self.role, "old_shape": list(self.source.shape),
@@ -132,8 +136,14 @@ def default_policy(ckpt: Checkpoint) -> str:
     return "fresh"  # Adafactor's factored moments or an unknown optimizer: don't guess their row layout
 
 
+def default_init(tokenizer: Any, from_tokenizer: Any) -> str:
+    """`pieces` when the old tokenizer is known (it spells each new token in pieces the model was trained
+    on), else HF's `mean`. The one place that decides what "known" means: `--from-tokenizer` today."""
+    return "pieces" if from_tokenizer is not None else "mean"
+
+
 def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str | None = None,
-              init: str = "mean", std: float = 0.02, pad_to_multiple_of: int | None = None,
+              init: str | None = None, std: float = 0.02, pad_to_multiple_of: int | None = None,
               keep_ids: bool = False) -> RepairPlan:
     """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer.
 
@@ -143,6 +153,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     ckpt = report.ckpt
     from_tokenizer, rows_by, identity_notes = _old_tokenizer(report, tokenizer, from_tokenizer, keep_ids)
     policy = canonical(policy) if policy else default_policy(ckpt)
+    init = init or default_init(tokenizer, from_tokenizer)
     if policy not in POLICIES:
         raise RepairError(f"unknown --policy {policy!r} (choose {', '.join(POLICIES)})")
     if init not in INITS:
@@ -160,10 +171,17 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
                       findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by)
     plans: dict[int, RowPlan] = {}
     for v in vocab:
-        rows_plan = plans.setdefault(v.rows, _row_plan(v.rows, target, tokenizer, from_tokenizer))
+        if v.rows not in plans:
+            plans[v.rows] = _row_plan(v.rows, target, tokenizer, from_tokenizer)
+            if from_tokenizer is None:
+                _renew_untrained_rows(plan, plans[v.rows], report.vocab, v.rows)
+            if init == "pieces":
+                plans[v.rows].pieces = piece_rows(plans[v.rows].source, tokenizer, from_tokenizer, v.rows)
+        rows_plan = plans[v.rows]
         if rows_plan.is_identity():
             continue
-        plan.weights[v.name] = TensorEdit(v.name, v.role, ckpt.model[v.name], rows_plan)
+        tied = any(t.tied_to == v.name for t in report.vocab)
+        plan.weights[v.name] = TensorEdit(v.name, v.role, ckpt.model[v.name], rows_plan, tied=tied)
         if policy == "remap":
             for key, moment in v.moments.items():
                 moment_rows = moment.shape[-1] if v.role == "head-bias" and len(moment.shape) == 2 else moment.shape[0]
@@ -178,6 +196,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     _plan_scaler(plan)
     _plan_recorded(plan, {v.rows for v in vocab if v.role in ("embedding", "head")})
     _note_lost_tokens(plan)
+    _note_pieces(plan)
     return plan
 
 
@@ -230,6 +249,36 @@ def _no_state_for(plan: RepairPlan, report: Any, v: Any) -> None:
     raise RepairError(f"{plan.ckpt.path}: cannot tell which of {len(unmatched)} unmatched optimizer state "
                       f"entries holds the moments of {v.name} (parameters matched by {report.mapping.method}); "
                       "--policy fresh (drop optimizer state, keep the schedule) or --policy reset repairs it")
+
+
+def _note_pieces(plan: RepairPlan) -> None:
+    if plan.init != "pieces":
+        return
+    edit = next((e for e in plan.weights.values() if e.role == "embedding"), None) or next(iter(plan.weights.values()), None)
+    if edit is None or not edit.plan.new:
+        return
+    spelled = len(edit.plan.pieces)
+    plan.notes.append(f"--init pieces: {spelled} of {edit.plan.new} new row(s) start from the mean of their "
+                      f"text's old pieces; {edit.plan.new - spelled} (no usable pieces) from the mean with small noise")
+
+
+def _renew_untrained_rows(plan: RepairPlan, rows_plan: RowPlan, vocab: list, rows: int) -> None:
+    """Token ids kept by id on rows that never trained (CKF110: reserved rows at the end of an untied
+    embedding, exp_avg_sq exactly 0) get new rows: `--init` applies to them, their moments restart.
+    Only when rows are kept by id: with --from-tokenizer a token absent from the old one is new anyway."""
+    starts = [s for s in (never_trained_from(v) for v in vocab if v.rows == rows) if s is not None]
+    if not starts:
+        return
+    start = min(starts)
+    stop = min(plan.tokenizer.size, rows_plan.new_rows, rows)  # rows no token id reaches stay as they are
+    renew = [j for j in range(start, stop) if rows_plan.source[j] == j]
+    if not renew:
+        return
+    rows_plan.source[renew] = -1
+    rows_plan.kept -= len(renew)
+    rows_plan.new += len(renew)
+    plan.notes.append(f"rows {start}..{stop - 1} never trained (exp_avg_sq exactly 0, CKF110) and the tokenizer "
+                      f"uses them: initialised like new rows (--init {plan.init}), their moments restarted")
 
 
 def _row_plan(rows: int, target: int, tokenizer: Any, from_tokenizer: Any) -> RowPlan:

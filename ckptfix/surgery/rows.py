@@ -30,6 +30,7 @@ class RowPlan:
     new: int = 0
     dropped: int = 0
     dropped_ids: list[int] = field(default_factory=list)  # input rows no output row comes from
+    pieces: dict[int, tuple[int, ...]] = field(default_factory=dict)  # new row -> old rows of its text's pieces
 
     @property
     def new_rows(self) -> int:
@@ -90,17 +91,47 @@ def plan_by_token(old_rows: int, new_rows: int, old_tokens: list[str | None], ne
                    dropped=len(dropped), dropped_ids=dropped)
 
 
-def fill_for(init: str, moment_key: str | None) -> str:
+def fill_for(init: str, moment_key: str | None, role: str = "embedding", tied: bool = False) -> str:
     """How new rows of a tensor are filled: weights by `init`; an optimizer's first moments are zero
-    and its second moments get the old rows' column mean.
+    and its second moments get the old rows' column mean (`SECOND_MOMENT_FILL`).
+
+    Under `pieces`, rows that produce logits (an untied head and its bias, or a tied embedding) get
+    "pieces-head": the pieces' mean pulled towards the old mean (HEAD_SHRINK), see its comment.
 
     Why not a zero second moment: under an inherited step the bias correction no longer scales it up,
     so the first update of a new row is |g|/sqrt(1-beta2)*sqrt(1-beta2^t) ... about 1.35 x lr at step
     200 and 3.16 x lr from a few thousand steps on, ~3.7x the size of old rows' updates (measured in
     tests/test_repair_e2e.py); with the mean it is ~0.4-0.8x of theirs."""
     if moment_key is None:
+        if init == "pieces" and (role in ("head", "head-bias") or tied):
+            return "pieces-head"
         return init  # checked against plan.INITS when the plan was made
-    return "column-mean" if moment_key in _SECOND_MOMENTS else "zeros"
+    return SECOND_MOMENT_FILL if moment_key in _SECOND_MOMENTS else "zeros"
+
+
+def new_rows_for(rows: np.ndarray, dtype: str, plan: RowPlan, fill: str, std: float,
+                 rng: np.random.Generator) -> np.ndarray:
+    """The values of every new row of `plan` (source -1), in row order, for a tensor whose old rows are
+    `rows` (as stored). `pieces`: the mean of the old rows of the new token's pieces; a row with no
+    pieces (a new special token) gets the old mean plus noise at PIECES_NOISE of each column's standard
+    deviation, so no two such rows are equal and each can learn its own direction."""
+    count = int((plan.source < 0).sum())
+    if fill not in ("pieces", "pieces-head"):
+        return new_row_values(rows, dtype, count, fill, std, rng)
+    pull = HEAD_SHRINK if fill == "pieces-head" else 1.0
+    if count == 0 or rows.shape[0] == 0 or dtype not in _WRITABLE_FLOATS:
+        return new_row_values(rows, dtype, count, "zeros" if dtype not in _WRITABLE_FLOATS else "mean", std, rng)
+    mean, var = column_stats(rows, dtype)
+    noise = np.sqrt(var).astype(np.float32) * np.float32(PIECES_NOISE)
+    values = np.empty((count, *rows.shape[1:]), dtype=np.float32)
+    for k, row in enumerate(np.flatnonzero(plan.source < 0).tolist()):
+        ids = plan.pieces.get(row)
+        if ids:
+            pieces = widen_stored(rows[list(ids)], dtype).astype(np.float64).mean(axis=0)
+            values[k] = pieces if pull == 1.0 else mean + pull * (pieces - mean)
+        else:
+            values[k] = mean + rng.standard_normal(rows.shape[1:], dtype=np.float32) * noise
+    return narrow_to_stored(values, dtype)
 
 
 def new_row_values(rows: np.ndarray, dtype: str, count: int, fill: str, std: float,
@@ -119,6 +150,9 @@ def new_row_values(rows: np.ndarray, dtype: str, count: int, fill: str, std: flo
         return np.zeros((count, *width), dtype=rows.dtype)
     if fill == "normal":
         values = rng.standard_normal((count, *width), dtype=np.float32) * np.float32(std)
+    elif fill == "column-median":  # from a bounded sample of rows: a median needs them all in memory
+        sample = widen_stored(rows[::max(1, rows.shape[0] // 16384)], dtype).astype(np.float32)
+        values = np.broadcast_to(np.median(sample, axis=0), (count, *width))
     else:
         noisy = fill == "mean" and rows.ndim > 1
         mean, var = column_stats(rows, dtype, variance=noisy)
@@ -188,5 +222,15 @@ def apply_plan(old: np.ndarray, plan: RowPlan, fill: np.ndarray) -> np.ndarray:
     return out
 
 
+# Rows that produce logits (untied head, tied embedding) under --init pieces start at
+# mean + HEAD_SHRINK * (pieces' mean - mean). 1.0 (the pieces' own mean) learns new tokens fastest but
+# moves next-token distributions on old text ~30% more than HF's mean init (KL); 0.0 is HF's mean and
+# learns no faster than it. 0.6 keeps that KL within ~6% of HF's mean init and most of the gain
+# (bench/new_tokens.py, README "New tokens"). The input embedding of an untied model gets the full mean:
+# it does not touch old text's distributions.
+HEAD_SHRINK = 0.6
+# Second moments of new rows: "column-mean" (the old rows' per-column mean) or "column-median".
+SECOND_MOMENT_FILL = "column-mean"
+PIECES_NOISE = 0.01
 _WRITABLE_FLOATS = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
 _SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "square_avg", "sum")
