@@ -166,7 +166,7 @@ def _writer_for(fmt: str, path: str | None = None):
         from ckptfix.surgery.write_hf import write_safetensors_file
 
         return write_safetensors_file
-    if fmt in ("hf-trainer", "hf-model"):
+    if fmt in ("hf-trainer", "hf-model", "peft-adapter"):  # an adapter folder: its modules_to_save copies
         from ckptfix.surgery.write_hf import write_hf_folder
 
         return write_hf_folder

@@ -1,0 +1,160 @@
+"""Checkpoints in the layouts training frameworks write, inspected and repaired, then resumed with the
+framework's own loading code (or, where the framework cannot be installed beside this torch, its exact
+layout and loading steps written from its source, as each test says)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import ckptfix
+from arch_corpus import word_level_tokenizer
+
+VOCAB, NEW = 203, 216
+
+
+def _tiny_llama(vocab: int):
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config)
+
+
+def _step(model, opt, vocab: int, seed: int) -> float:
+    ids = torch.randint(3, vocab, (2, 10), generator=torch.Generator().manual_seed(seed))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return float(loss.detach())
+
+
+@pytest.mark.peft
+def test_peft_adapter_with_modules_to_save_repairs_and_resumes(tmp_path):
+    """The usual recipe when a LoRA run adds tokens: modules_to_save=["embed_tokens", "lm_head"]. inspect
+    prints `ckptfix repair ...`; that command works, and PeftModel.from_pretrained on the resized base
+    loads the repaired adapter, whose optimizer state then takes a step."""
+    peft = pytest.importorskip("peft")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(_tiny_llama(VOCAB), peft.LoraConfig(
+            r=4, target_modules=["q_proj", "v_proj"], modules_to_save=["embed_tokens", "lm_head"]))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    _step(model, opt, VOCAB, 1)
+    src = tmp_path / "adapter"
+    model.save_pretrained(src)
+    torch.save(opt.state_dict(), src / "optimizer.pt")  # where the HF Trainer keeps it, beside the adapter
+    tok = word_level_tokenizer(tmp_path / "tokenizer.json", NEW)
+
+    report = ckptfix.inspect(str(src), tokenizer=str(tok))
+    fix = next(f.fix for f in report.findings if f.code == "CKF101")
+    out = tmp_path / "fixed"
+    assert fix.startswith("ckptfix repair") and str(src) in fix
+    ckptfix.repair(str(src), str(tok), str(out))
+
+    base = _tiny_llama(VOCAB)
+    base.resize_token_embeddings(NEW, mean_resizing=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed = peft.PeftModel.from_pretrained(base, str(out), is_trainable=True)
+    trained = dict(model.named_parameters())
+    for name, p in resumed.named_parameters():
+        if p.requires_grad:
+            old = trained[name]
+            assert torch.equal(p.detach()[:old.shape[0]] if p.shape != old.shape else p.detach(), old.detach()), name
+    opt2 = torch.optim.AdamW([p for p in resumed.parameters() if p.requires_grad], lr=1e-3)
+    opt2.load_state_dict(torch.load(out / "optimizer.pt", weights_only=True))
+    assert math.isfinite(_step(resumed, opt2, NEW, 2))
+
+
+class _NanoGPT(torch.nn.Module):
+    """nanoGPT's `GPT` (karpathy/nanoGPT model.py), module for module: the names and tying its checkpoints
+    have. nanoGPT is a script repository, not a package: its layout and `train.py`'s resume steps are
+    written here from its source."""
+
+    def __init__(self, n_layer: int, n_head: int, n_embd: int, block_size: int, bias: bool, vocab_size: int,
+                 dropout: float = 0.0):
+        super().__init__()
+        nn = torch.nn
+        self.n_head = n_head
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(vocab_size, n_embd), wpe=nn.Embedding(block_size, n_embd), drop=nn.Dropout(dropout),
+            h=nn.ModuleList(nn.ModuleDict(dict(
+                ln_1=nn.LayerNorm(n_embd, bias=bias),
+                attn=nn.ModuleDict(dict(c_attn=nn.Linear(n_embd, 3 * n_embd, bias=bias),
+                                        c_proj=nn.Linear(n_embd, n_embd, bias=bias))),
+                ln_2=nn.LayerNorm(n_embd, bias=bias),
+                mlp=nn.ModuleDict(dict(c_fc=nn.Linear(n_embd, 4 * n_embd, bias=bias),
+                                       c_proj=nn.Linear(4 * n_embd, n_embd, bias=bias))))) for _ in range(n_layer)),
+            ln_f=nn.LayerNorm(n_embd, bias=bias)))
+        self.lm_head = nn.Linear(n_embd, vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # nanoGPT's weight tying
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        f = torch.nn.functional
+        b, t = idx.shape
+        x = self.transformer.wte(idx) + self.transformer.wpe(torch.arange(t))
+        for blk in self.transformer.h:
+            q, k, v = blk.attn.c_attn(blk.ln_1(x)).split(x.shape[-1], dim=2)
+            q, k, v = (z.view(b, t, self.n_head, -1).transpose(1, 2) for z in (q, k, v))
+            y = f.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1)
+            x = x + blk.attn.c_proj(y)
+            x = x + blk.mlp.c_proj(f.gelu(blk.mlp.c_fc(blk.ln_2(x))))
+        logits = self.lm_head(self.transformer.ln_f(x))
+        return f.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    def configure_optimizers(self, weight_decay: float, learning_rate: float) -> torch.optim.AdamW:
+        params = {n: p for n, p in self.named_parameters() if p.requires_grad}
+        groups = [{"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=(0.9, 0.95))
+
+
+def _nano_step(model: _NanoGPT, opt, vocab: int, seed: int) -> float:
+    ids = torch.randint(0, vocab, (2, 9), generator=torch.Generator().manual_seed(seed))
+    loss = model(ids[:, :-1], ids[:, 1:])
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return float(loss.detach())
+
+
+@pytest.mark.parametrize("new", [NEW, VOCAB - 11])
+def test_nanogpt_checkpoint_repairs_and_resumes_with_init_from_resume(tmp_path, new):
+    model_args = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=VOCAB, dropout=0.0)
+    torch.manual_seed(0)
+    model = _NanoGPT(**model_args)
+    opt = model.configure_optimizers(0.1, 1e-3)
+    _nano_step(model, opt, VOCAB, 1)
+    src = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "model_args": model_args,
+                "iter_num": 1, "best_val_loss": 9.9, "config": {"learning_rate": 1e-3, "batch_size": 2}}, src)
+    tok = word_level_tokenizer(tmp_path / "tok.json", new)
+    out = tmp_path / "fixed.pt"
+    ckptfix.repair(str(src), str(tok), str(out))
+
+    # train.py, init_from='resume'
+    checkpoint = torch.load(out, map_location="cpu", weights_only=True)
+    args = {k: checkpoint["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias",
+                                                     "vocab_size")}
+    assert args["vocab_size"] == new
+    resumed = _NanoGPT(**args)
+    resumed.load_state_dict(checkpoint["model"])
+    opt2 = resumed.configure_optimizers(0.1, 1e-3)
+    opt2.load_state_dict(checkpoint["optimizer"])
+    keep = min(new, VOCAB)
+    assert torch.equal(resumed.lm_head.weight[:keep], model.lm_head.weight[:keep])
+    m_old, m_new = opt.state[model.lm_head.weight], opt2.state[resumed.lm_head.weight]
+    assert torch.equal(m_new["exp_avg_sq"][:keep], m_old["exp_avg_sq"][:keep])
+    assert math.isfinite(_nano_step(resumed, opt2, new, 2))
+
+    # and inspect checks the recorded size against the rows
+    wrong = dict(torch.load(src, weights_only=True))
+    wrong["model_args"] = {**model_args, "vocab_size": VOCAB + 1}
+    torch.save(wrong, tmp_path / "wrong.pt")
+    report = ckptfix.inspect(str(tmp_path / "wrong.pt"))
+    assert [f.code for f in report.findings if f.code == "CKF115"] == ["CKF115"]
