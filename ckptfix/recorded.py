@@ -15,7 +15,7 @@ from typing import Any, Iterator
 # Keys that record the number of vocab rows (litgpt's `vocab_size` is the tokenizer's, next to
 # `padded_vocab_size`, the rows: see `_row_keys`).
 VOCAB_KEYS = ("vocab_size", "padded_vocab_size", "n_vocab", "ntoken", "ntokens", "num_tokens")
-_MAX_DEPTH = 6  # configs nest a few levels (text_config, hyper_parameters.config); never walk a whole tree
+_MAX_DEPTH = 8  # configs nest a few levels (Composer: state.integrations.huggingface.model.config.content)
 
 
 @dataclass(frozen=True)

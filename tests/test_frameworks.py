@@ -158,3 +158,50 @@ def test_nanogpt_checkpoint_repairs_and_resumes_with_init_from_resume(tmp_path, 
     torch.save(wrong, tmp_path / "wrong.pt")
     report = ckptfix.inspect(str(tmp_path / "wrong.pt"))
     assert [f.code for f in report.findings if f.code == "CKF115"] == ["CKF115"]
+
+
+class _ComposerHF(torch.nn.Module):
+    """composer.models.HuggingFaceModel keeps the transformers model as `self.model`: its state dict keys
+    are the HF ones under "model."."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+
+def test_composer_checkpoint_repairs_and_resumes(tmp_path):
+    """Composer's layout (composer/core/state.py `State.state_dict`, saved as {'state': ..., 'rng': ...}):
+    optimizers and schedulers under their class names, the HF config among the integrations. Composer pins
+    its own torch, so its layout and `State.load_state_dict` steps are written here from its source."""
+    wrapped = _ComposerHF(_tiny_llama(VOCAB))
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+    _step(wrapped.model, opt, VOCAB, 1)
+    sched.step()
+    hf_meta = {"model": {"config": {"file_extension": ".json", "content": wrapped.model.config.to_dict(),
+                                    "class": "transformers.LlamaForCausalLM"}}}
+    state = {"model": wrapped.state_dict(), "optimizers": {"AdamW": opt.state_dict()},
+             "schedulers": {"LambdaLR": sched.state_dict()}, "algorithms": [], "callbacks": {},
+             "timestamp": {"epoch": 0, "batch": 1, "sample": 2, "token": 20}, "rank_zero_seed": 17,
+             "run_name": "tiny", "integrations": {"huggingface": hf_meta}, "metadata": {"world_size": 1}}
+    src = tmp_path / "ep0-ba1-rank0.pt"
+    torch.save({"state": state, "rng": [{"python": None, "torch": torch.get_rng_state()}]}, src)
+    tok = word_level_tokenizer(tmp_path / "tok.json", NEW)
+
+    report = ckptfix.inspect(str(src), tokenizer=str(tok))
+    assert report.ckpt.format == "composer" and report.ckpt.optimizer is not None
+    assert {"model.model.embed_tokens.weight", "model.lm_head.weight"} <= {v.name for v in report.vocab}
+    assert all(v.moments for v in report.vocab)
+    out = tmp_path / "fixed.pt"
+    ckptfix.repair(str(src), str(tok), str(out))
+
+    ck = torch.load(out, weights_only=True)["state"]
+    assert ck["integrations"]["huggingface"]["model"]["config"]["content"]["vocab_size"] == NEW
+    resumed = _ComposerHF(_tiny_llama(NEW))
+    resumed.load_state_dict(ck["model"], strict=True)  # State.load_model_state
+    opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-3)
+    sched2 = torch.optim.lr_scheduler.LambdaLR(opt2, lambda s: min(1.0, (s + 1) / 10))
+    opt2.load_state_dict(ck["optimizers"][type(opt2).__qualname__])  # State.load_optim_state
+    sched2.load_state_dict(ck["schedulers"]["LambdaLR"])
+    assert torch.equal(resumed.model.lm_head.weight[:VOCAB], wrapped.model.lm_head.weight)
+    assert math.isfinite(_step(resumed.model, opt2, NEW, 2))

@@ -64,6 +64,8 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
         return ckpt
     if any(k in tree for k in LIGHTNING_KEYS):
         ckpt.format = "lightning"
+    if _is_composer(tree):
+        return _composer(ckpt, tree, locate_for)
     used = set()
     model_key = _first(tree, MODEL_KEYS, is_state_dict)
     if model_key is not None:
@@ -105,6 +107,39 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
     if not ckpt.model and ckpt.optimizer is None:
         keys = ", ".join(_key_text(k) for k in list(tree)[:8])
         raise UnreadableCheckpoint(f"{path}: no model weights or optimizer state found (top-level keys: {keys})")
+    return ckpt
+
+
+def _is_composer(tree: Mapping) -> bool:
+    """Composer's `{'state': {'model', 'optimizers': {'AdamW': ...}, 'schedulers': {...}, ...}, 'rng': ...}`."""
+    state = tree.get("state")
+    return isinstance(state, Mapping) and is_state_dict(state.get("model")) and \
+        isinstance(state.get("optimizers", {}), Mapping)
+
+
+def _composer(ckpt: Checkpoint, tree: Mapping, locate_for: Locator) -> Checkpoint:
+    """A Composer checkpoint: sections are nested paths ("state/optimizers/AdamW"); optimizers and schedulers
+    are saved under their class names (composer/core/state.py `State.state_dict`)."""
+    state = tree["state"]
+    ckpt.format = "composer"
+    ckpt.sections["model"] = "state/model"
+    ckpt.model = _model_tensors(ckpt.path, state["model"], locate_for)
+    ckpt.tied = find_tied(ckpt.model)
+    optimizers = [(k, v) for k, v in state.get("optimizers", {}).items() if is_optimizer_state(v)]
+    if optimizers:
+        name, sd = optimizers[0]
+        ckpt.sections["optimizer"] = f"state/optimizers/{name}"
+        ckpt.optimizer = parse_optimizer(sd, locate_for, ckpt.path)
+        if len(optimizers) > 1:
+            ckpt.notes.append(f"{len(optimizers)} optimizers saved; ckptfix reports the first ({name})")
+    schedulers = state.get("schedulers")
+    if isinstance(schedulers, Mapping):
+        first = next(((k, v) for k, v in schedulers.items() if isinstance(v, Mapping)), None)
+        if first is not None:
+            ckpt.scheduler = dict(first[1])
+            ckpt.sections["scheduler"] = f"state/schedulers/{first[0]}"
+    rest = {k: v for k, v in state.items() if k not in ("model", "optimizers", "schedulers")}
+    ckpt.extras = {**{k: v for k, v in tree.items() if k != "state"}, "state": rest}
     return ckpt
 
 

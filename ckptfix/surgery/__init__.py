@@ -158,7 +158,7 @@ def _writer_for(fmt: str, path: str | None = None):
         raise RepairError(repair_unsupported(path) if path is not None else
                           "repair does not support DeepSpeed checkpoints; convert them with DeepSpeed's "
                           "universal-checkpoint tool (python -m deepspeed.checkpoint.ds_to_universal)")
-    if fmt in ("torch", "lightning"):
+    if fmt in ("torch", "lightning", "composer"):
         from ckptfix.surgery.write_torch import write_torch_checkpoint
 
         return write_torch_checkpoint

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 from typing import Any, Callable
 
@@ -15,12 +16,33 @@ from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer,
 
 
 def _get(tree: Any, section: str) -> tuple[Any, Any, Any]:
-    """(container, key, value) for a section path like "optimizer" or "optimizer_states[0]"."""
+    """(container, key, value) for a section path like "optimizer", "optimizer_states[0]" or, nested,
+    "state/optimizers/AdamW" (Composer)."""
     if section.endswith("]"):
         key, index = section[:-1].split("[")
         container = tree[key]
         return container, int(index), container[int(index)]
-    return tree, section, tree[section]
+    *parents, key = section.split("/")
+    for part in parents:
+        tree = tree[part]
+    return tree, key, tree[key]
+
+
+_DELETE = object()
+
+
+def _set_nested(root: Any, section: str, value: Any) -> None:
+    """Set (or with _DELETE remove) a nested section, copying each dict on its path (never the source's)."""
+    *parents, key = section.split("/")
+    node = root
+    for part in parents:
+        child = node[part]
+        node[part] = type(child)(child) if type(child) in (dict, collections.OrderedDict) else dict(child)
+        node = node[part]
+    if value is _DELETE:
+        del node[key]
+    else:
+        node[key] = value
 
 
 def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
@@ -32,6 +54,9 @@ def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
     copies: dict[str, Any] = {}  # list sections (Lightning) are copied once, then edited in place
 
     def put(section: str, value: Any) -> None:
+        if "/" in section:
+            _set_nested(out, section, value)
+            return
         container, key, _ = _get(out, section)
         if isinstance(key, int):
             name = section.split("[")[0]
@@ -53,6 +78,8 @@ def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
         section = ckpt.sections["scheduler"]
         if section.endswith("]"):
             out[section.split("[")[0]] = []  # Lightning restores no scheduler state from an empty list
+        elif "/" in section:
+            _set_nested(out, section, _DELETE)  # Composer skips a scheduler missing from its dict
         else:
             del out[section]
     return out
