@@ -219,7 +219,9 @@ def _install(signum: int, handler: Any) -> Any:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split())
+    from ckptfix.untrusted import escape
+
+    return escape(" ".join(text.split()))  # messages quote file names and values from the input
 
 
 if __name__ == "__main__":

@@ -30,3 +30,7 @@ class TokenizerError(CkptfixError):
 
 class RepairError(CkptfixError):
     """A repair cannot be carried out as requested."""
+
+
+class CorruptInput(UnreadableCheckpoint):
+    """A value read from an input has the wrong type, sign, range or size (message: path, field, expected)."""

@@ -13,6 +13,7 @@ import hashlib
 import mmap
 import os
 import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -65,7 +66,10 @@ def atomic_file(path: str, *, mode_like: str | None = None, backup: bool = False
     while mmap'd: `os.replace` swaps the name, never the old file's contents).
     """
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}{TMP_MARK}", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}{TMP_MARK}", dir=folder)
+    except OSError as exc:  # a missing or read-only folder, /proc, a name too long
+        raise RepairError(_describe(exc, path)) from None
     try:
         with os.fdopen(fd, "w+b") as f:
             yield f
@@ -93,7 +97,10 @@ def atomic_folder(path: str, *, backup: bool = False) -> Iterator[str]:
     Where the file system can (Linux `renameat2(RENAME_EXCHANGE)`), an existing `path` is swapped with
     the new folder in one step, so `path` always names a complete folder, the old or the new one."""
     parent = os.path.dirname(os.path.abspath(path))
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}{TMP_MARK}", dir=parent)
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(path))}{TMP_MARK}", dir=parent)
+    except OSError as exc:
+        raise RepairError(_describe(exc, path)) from None
     swapped = False  # after the swap `tmp` names the old folder: never delete it on an error
     try:
         yield tmp
@@ -361,7 +368,12 @@ def clone_file(src: str, dst: str) -> str:
     """Copy `src` to a new file `dst` the cheapest way the file system allows; returns the method:
     "reflink" (FICLONE: no data copied, blocks shared copy-on-write), "copy_file_range" (kernel-side
     copy, server-side on NFS) or "read/write"."""
-    with open(src, "rb") as fin, open(dst, "xb") as fout:
+    from ckptfix.untrusted import open_regular
+
+    if os.path.islink(src):  # reproduced as a link, never followed out of the folder (see copy_input_entry)
+        _copy_link(src, dst, os.path.dirname(src))
+        return "link"
+    with open_regular(src, error=RepairError) as fin, open(dst, "xb") as fout:  # never a FIFO or device
         method = _clone(fin.fileno(), fout.fileno()) or _kernel_copy(fin.fileno(), fout.fileno())
     shutil.copymode(src, dst)
     return method
@@ -407,3 +419,92 @@ def clone_files(pairs: list[tuple[str, str]]) -> str:
         method = clone_file(src, dst)
         used[method] = used.get(method, 0) + 1
     return ", ".join(f"{m} x{n}" for m, n in used.items()) or "nothing copied"
+
+
+# --- where a repair may write, and what a folder copy takes ------------------------------------------
+
+SIDECAR_SUFFIX = ".ckptfix.json"
+# The temporary name adds `.` + TMP_MARK + 8 random characters (and a folder swap `-old`) to OUT's name.
+_TMP_EXTRA = 1 + len(TMP_MARK) + 8 + 4
+
+
+def check_output_path(source: str, out: str, *, force: bool, sidecar: bool = False) -> None:
+    """Refuse, before anything is read or written, an OUT the writer cannot or must not create.
+
+    OUT's parent must be an existing folder (ckptfix creates OUT, never its parents); OUT's name must
+    leave room for the temporary name beside it; OUT may be the input itself (in place, with --force)
+    but never inside the input folder nor an ancestor of the input, whatever --force says (replacing
+    an ancestor would delete the input); an existing `OUT.ckptfix.json` sidecar is replaced only with
+    --force."""
+    from ckptfix.untrusted import escape
+
+    shown = escape(out)
+    name = os.path.basename(os.path.normpath(out))
+    if not name or name in (".", ".."):
+        raise RepairError(f"{shown}: not a file or folder name to write")
+    try:
+        name_max = os.pathconf(os.path.dirname(os.path.abspath(out)) or "/", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    extra = _TMP_EXTRA + (len(SIDECAR_SUFFIX) if sidecar else 0)
+    if len(os.fsencode(name)) + extra > name_max:
+        raise RepairError(f"{shown}: name too long ({len(os.fsencode(name))} bytes; at most {name_max - extra} "
+                          "leave room for the temporary file beside it)")
+    parent = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        what = "does not exist" if not os.path.lexists(parent) else "is not a folder"
+        raise RepairError(f"{shown}: the output's folder {escape(parent)} {what}; create it first")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise RepairError(f"{shown}: cannot write in {escape(parent)} (permission denied)")
+    src_real, out_real = os.path.realpath(source), os.path.realpath(out)
+    if src_real != out_real:
+        if _is_within(out_real, src_real):
+            raise RepairError(f"{shown}: inside the input folder {escape(source)}; write the repair elsewhere")
+        if _is_within(src_real, out_real):
+            raise RepairError(f"{shown}: a folder that contains the input {escape(source)}; replacing it would "
+                              "delete the input (--force does not allow that)")
+    if sidecar and os.path.lexists(out + SIDECAR_SUFFIX) and not force:
+        raise RepairError(f"{escape(out + SIDECAR_SUFFIX)}: already exists (the record of a previous repair?); "
+                          "pass --force to replace it with OUT")
+
+
+def _is_within(path: str, folder: str) -> bool:
+    return os.path.commonpath([path, folder]) == folder and path != folder
+
+
+def _copy_link(src: str, dst: str, root: str) -> None:
+    """Reproduce the symlink `src` at `dst`: its text when it points inside `root`, else an absolute link
+    to the same target. The target is never opened."""
+    target = os.readlink(src)
+    resolved = os.path.join(os.path.dirname(src), target)
+    inside = not os.path.isabs(target) and _is_within(os.path.realpath(resolved), os.path.realpath(root))
+    os.symlink(target if inside else os.path.abspath(resolved), dst)
+
+
+def copy_input_entry(src: str, dst: str, root: str) -> None:
+    """Copy one entry of the input folder `root` into the output, taking only what really lives there:
+    regular files are copied, folders walked (explicitly, links not followed), symlinks reproduced as
+    links and never read (one that points inside `root` keeps its relative text; one that points
+    outside becomes an absolute link to the same target, whose bytes are never copied). A FIFO, device
+    or socket is refused."""
+    from ckptfix.untrusted import escape
+
+    stack = [(src, dst)]
+    folders: list[tuple[str, str]] = []
+    while stack:  # explicit: a folder nested thousands deep must not exhaust the Python stack
+        src, dst = stack.pop()
+        st = os.lstat(src)
+        if stat.S_ISLNK(st.st_mode):
+            _copy_link(src, dst, root)
+        elif stat.S_ISDIR(st.st_mode):
+            os.mkdir(dst)
+            folders.append((src, dst))
+            stack.extend((os.path.join(src, n), os.path.join(dst, n)) for n in sorted(os.listdir(src)))
+        elif stat.S_ISREG(st.st_mode):
+            shutil.copy2(src, dst)
+        else:
+            kind = "a named pipe" if stat.S_ISFIFO(st.st_mode) else "a device, socket or special file"
+            raise RepairError(f"{escape(src)}: {kind}, not a regular file; a folder copy takes no FIFOs, "
+                              "devices or sockets")
+    for src, dst in reversed(folders):  # times last: filling a folder changes its mtime
+        shutil.copystat(src, dst)

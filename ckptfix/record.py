@@ -121,19 +121,13 @@ def sidecar_path(path: str) -> str:
 
 def read_sidecar(path: str) -> Record | None:
     """The record stored beside (or inside, for a folder) checkpoint `path`, if there is one."""
-    import json
-
-    from ckptfix.formats import open_regular
+    from ckptfix.untrusted import load_json_file
 
     file = sidecar_path(path)
     if not os.path.lexists(file):
         return None
-    try:
-        with open_regular(file) as f:
-            data = f.read(1 << 26)  # a record is kilobytes; a larger file is not one
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-        raise UnreadableCheckpoint(f"{file}: not a ckptfix record (invalid JSON: {type(exc).__name__})") from None
+    # a record is kilobytes: bounded read of a regular file, bounded digits and nesting
+    doc = load_json_file(file, limit=1 << 26, what="ckptfix record", bad="not a ckptfix record (invalid JSON)")
     return Record.from_json(doc, file)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptfix.inspect import Report
+from ckptfix.untrusted import escape
 
 _WIDTH = 11
 
@@ -24,13 +25,10 @@ def _count(n: int) -> str:
     return str(n)
 
 
-# Names come from the checkpoint: control characters (terminal escape sequences, newlines that would
-# forge report lines) are shown escaped, never sent to the terminal.
-_CONTROL = {c: f"\\x{c:02x}" for c in list(range(0x20)) + list(range(0x7F, 0xA0))}
-
-
 def _join(lines: list[str]) -> str:
-    return "\n".join(line.translate(_CONTROL) for line in lines)
+    # Names come from the checkpoint: control characters (terminal escape sequences, newlines that
+    # would forge report lines) are shown escaped, never sent to the terminal.
+    return "\n".join(escape(line) for line in lines)
 
 
 def _line(label: str, text: str) -> str:

@@ -11,7 +11,6 @@ the libraries the declared ids are exactly these; for hand-edited ones they are 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptfix.errors import TokenizerError
+from ckptfix.untrusted import MAX_TOKENIZER_BYTES, parse_json, read_bounded
 
 __all__ = ["TokenizerInfo", "load_tokenizer"]
 
@@ -378,10 +378,9 @@ def _describe_non_tokenizer(data: bytes) -> str:
 
 
 def _read_bytes(path: Path) -> bytes:
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise _error(path, f"cannot read: {exc.strerror or exc}") from None
+    # The one read of every tokenizer file: regular files only (a FIFO or /dev/urandom is refused
+    # without blocking), bounded (a sparse 6 GB file is refused before anything is allocated).
+    data = read_bounded(path, MAX_TOKENIZER_BYTES, what="tokenizer file", error=TokenizerError)
     if not data:
         raise _error(path, "file is empty")
     return data
@@ -399,10 +398,7 @@ def _decode(path: Path, data: bytes) -> str:
 
 
 def _parse_json(path: Path, data: bytes) -> Any:
-    try:
-        return json.loads(_decode(path, data))
-    except (json.JSONDecodeError, RecursionError) as exc:
-        raise _error(path, f"invalid JSON: {exc}") from None
+    return parse_json(data, str(path), error=TokenizerError)  # bounded digits and nesting
 
 
 def _read_json(path: Path) -> Any:

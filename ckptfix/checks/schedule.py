@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
@@ -10,8 +11,8 @@ from ckptfix.checks import Context, Finding, check, finding
 def optimizer_step(ctx: Context) -> float | None:
     """The optimizer's step count (the most common per-parameter `step`)."""
     opt = ctx.ckpt.optimizer
-    steps = [ps.step for ps in opt.state.values() if ps.step is not None] if opt else []
-    return max(set(steps), key=steps.count) if steps else None
+    steps = Counter(ps.step for ps in opt.state.values() if ps.step is not None) if opt else Counter()
+    return steps.most_common(1)[0][0] if steps else None  # linear: 150k distinct steps stay fast
 
 
 @check("CKF301", "warning", "scheduler position differs from the optimizer step",

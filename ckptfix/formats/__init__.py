@@ -10,6 +10,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, BinaryIO
 
+from ckptfix import untrusted
 from ckptfix.errors import UnreadableCheckpoint
 
 if TYPE_CHECKING:  # checkpoint.py imports formats.pickle_safe; keep this package import-light
@@ -18,26 +19,14 @@ if TYPE_CHECKING:  # checkpoint.py imports formats.pickle_safe; keep this packag
 
 
 def open_regular(path: str) -> BinaryIO:
-    """Open a regular file for reading. A FIFO or device would block or never end: refuse it (the open
-    itself is non-blocking, and the check is on the opened file, so nothing can swap it in between)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise UnreadableCheckpoint(f"{path}: cannot open ({exc.strerror})") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        kind = "folder" if stat.S_ISDIR(mode) else "FIFO" if stat.S_ISFIFO(mode) else \
-            "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "socket or special file"
-        raise UnreadableCheckpoint(f"{path}: not a regular file (a {kind})")
-    return os.fdopen(fd, "rb")
+    """Open a regular file for reading (see `ckptfix.untrusted.open_regular`: FIFOs, devices and
+    sockets are refused without blocking)."""
+    return untrusted.open_regular(path)
 
 
 def detect(path: str) -> str:
     """The format name of `path`, judged from its content (not its extension alone)."""
-    if not os.path.exists(path):
-        raise UnreadableCheckpoint(f"{path}: no such file or folder")
-    if os.path.isdir(path):
+    if stat.S_ISDIR(untrusted.check_input(path).st_mode):
         from ckptfix.formats import folders
 
         return folders.detect(path)
@@ -61,7 +50,10 @@ def detect(path: str) -> str:
 
 
 def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "Checkpoint":
-    """Read any supported checkpoint (metadata only; tensor bytes stay on disk)."""
+    """Read any supported checkpoint (metadata only; tensor bytes stay on disk); the shared sections
+    are checked at the boundary (`formats.validate`) before anything else sees them."""
+    from ckptfix.formats.validate import check_checkpoint
+
     path = os.fspath(path)
     ckpt = _read(path, detect(path), trust_pickle)
     if ckpt.record is None:  # a folder's ckptfix.json, or the FILE.ckptfix.json sidecar of a bare state_dict
@@ -70,7 +62,7 @@ def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "
         record = read_sidecar(path)
         if record is not None:
             attach_record(ckpt, record)
-    return ckpt
+    return check_checkpoint(ckpt)
 
 
 def _read(path: str, kind: str, trust_pickle: bool) -> "Checkpoint":

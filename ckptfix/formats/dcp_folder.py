@@ -57,6 +57,7 @@ from ckptfix.checkpoint import (
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common
 from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDtype, load_pickle
+from ckptfix.untrusted import fail, want_dict, want_int, want_list, want_shape, want_str
 
 METADATA_FILE = ".metadata"
 LIGHTNING_META = "meta.pt"  # Lightning ModelParallelStrategy: what is not in DCP, torch.saved by rank 0
@@ -298,19 +299,40 @@ def read_metadata(path: str) -> tuple[dict[str, Item], str | None]:
     planner = planner_data if isinstance(planner_data, dict) else {}
     items = {}
     for fqn, entry in md.items():
+        fqn = want_str(fqn, file, "state_dict_metadata key")
         path_keys = planner.get(fqn)
-        items[str(fqn)] = _item(str(fqn), entry, tuple(path_keys) if isinstance(path_keys, (tuple, list))
-                                else _guess_path(str(fqn)), file)
-    for index, info in (state.get("storage_data") or {}).items():
+        keys = _planner_path(path_keys, file, fqn) if path_keys is not None else _guess_path(fqn)
+        items[fqn] = _item(fqn, entry, keys, file)
+    storage = state.get("storage_data")
+    for index, info in (want_dict(storage, file, "storage_data") if storage is not None else {}).items():
         where = _fields(index, "MetadataIndex", file)
-        blob = _fields(info, "_StorageInfo", file)
-        item = items.get(str(where.get("fqn")))
+        item = items.get(want_str(where.get("fqn"), file, "storage_data key fqn"))
         if item is not None:
-            item.blobs.append((os.path.join(path, str(blob.get("relative_path"))), int(blob.get("offset", 0)),
-                               int(blob.get("length", 0)), blob.get("transform_descriptors")))
+            item.blobs.append(_blob(path, _fields(info, "_StorageInfo", file), file, item.fqn))
             item.blob_offsets.append(_dims(where.get("offset"), file) if where.get("offset") is not None else None)
     version = state.get("version")
-    return items, str(version) if version is not None else None
+    return items, str(version) if isinstance(version, (str, int)) else None
+
+
+MAX_PATH_KEYS = 64  # state-dict nesting in a planner path; real ones are 2-4 deep
+
+
+def _planner_path(value: Any, origin: str, fqn: str) -> tuple:
+    """planner_data[fqn]: the nested state-dict keys, strings or ints, a few deep."""
+    keys = want_list(value, origin, f"planner_data[{fqn!r}]", max_len=MAX_PATH_KEYS)
+    if not keys or not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in keys):
+        raise fail(origin, f"planner_data[{fqn!r}]", "a non-empty path of string or integer keys", value)
+    return tuple(keys)
+
+
+def _blob(folder: str, info: dict, origin: str, fqn: str) -> tuple[str, int, int, Any]:
+    """A _StorageInfo: (data file inside the folder, offset, length, transforms), checked."""
+    rel = want_str(info.get("relative_path"), origin, f"storage of {fqn!r}: relative_path", max_len=4096)
+    if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or not rel.strip():
+        raise fail(origin, f"storage of {fqn!r}: relative_path", "a file name inside the checkpoint folder", rel)
+    offset = want_int(info.get("offset", 0), origin, f"storage of {fqn!r}: offset")
+    length = want_int(info.get("length", 0), origin, f"storage of {fqn!r}: length")
+    return os.path.join(folder, rel), offset, length, info.get("transform_descriptors")
 
 
 def _opaques(node: Any) -> list[OpaqueObject]:
@@ -357,7 +379,7 @@ def _item(fqn: str, entry: Any, path: tuple, origin: str) -> Item:
         raise UnreadableCheckpoint(f"{origin}: tensor {fqn!r} has no readable dtype")
     chunks = fields.get("chunks")
     pieces = [_piece(c, origin) for c in chunks] if isinstance(chunks, list) else []
-    return Item(fqn, path, is_tensor=True, shape=_dims(fields.get("size", ()), origin), dtype=dtype.name,
+    return Item(fqn, path, is_tensor=True, shape=want_shape(fields.get("size", ()), origin, f"{fqn!r} size"), dtype=dtype.name,
                 pieces=pieces)
 
 
@@ -370,7 +392,7 @@ def _dims(value: Any, origin: str) -> tuple[int, ...]:
     """A torch.Size as saved (a tuple of ints after the allowlist unpickler)."""
     if not isinstance(value, (tuple, list)) or not all(isinstance(d, int) and d >= 0 for d in value):
         raise UnreadableCheckpoint(f"{origin}: a tensor size or offset that is not a tuple of counts")
-    return tuple(value)
+    return want_shape(value, origin, "chunk size or offset")  # int64 counts, at most 64 of them
 
 
 def _guess_path(fqn: str) -> tuple:

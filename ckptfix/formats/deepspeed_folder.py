@@ -28,6 +28,7 @@ not, and a full repair needs DeepSpeed's own universal-checkpoint conversion (`r
 from __future__ import annotations
 
 import glob
+import math
 import os
 import re
 from typing import Any, Mapping
@@ -36,6 +37,7 @@ from ckptfix.checkpoint import Checkpoint, OptimizerState, ParamGroup, ParamStat
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common, torch_file
 from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef
+from ckptfix.untrusted import read_bounded, want_dict, want_int, want_list, want_shape, want_str
 
 DEEPSPEED_GLOBALS = frozenset({
     "deepspeed.runtime.fp16.loss_scaler.LossScaler",
@@ -99,8 +101,7 @@ def resolve_tag(path: str) -> str:
     """The folder holding the *_states.pt files: `latest`'s tag, else the newest global_step*, else `path`."""
     latest = os.path.join(path, "latest")
     if os.path.isfile(latest):
-        with open(latest, encoding="utf-8", errors="replace") as f:
-            tag = f.read(4096).strip()
+        tag = read_bounded(latest, 4096, what="DeepSpeed 'latest' file").decode("utf-8", "replace").strip()
         tag_dir = os.path.join(path, tag)
         if not tag or not os.path.isdir(tag_dir):
             raise UnreadableCheckpoint(f"{latest}: names tag {tag!r}, but there is no such folder")
@@ -139,7 +140,7 @@ def _zero_optimizer(ckpt: Checkpoint, model_tree: Mapping, files: list[str], tru
     parts = [_partition(f, trust_pickle) for f in files]
     ckpt.files["optimizer"] = files[0]
     first = parts[0]
-    names = _param_names(model_tree)
+    names = _param_names(model_tree, ckpt.files.get("model", ckpt.path))
     stage = first["stage"]
     single = len(parts) == 1 and all(c == 1 for c in first["partition_count"])
     groups, state = [], {}
@@ -194,14 +195,26 @@ def _partition(file: str, trust_pickle: bool) -> dict[str, Any]:
         state, groups = dict(base.get("state") or {}), list(base.get("param_groups") or [])
     else:
         raise UnreadableCheckpoint(f"{file}: no base optimizer state")
-    count = osd.get("partition_count")
+    count = _partition_counts(osd.get("partition_count"), len(flat), file)
     return {
         "file": file, "flat": list(flat), "state": state, "groups": groups, "locate_for": locate_for,
         "stage": _stage(osd.get("zero_stage")),
         "loss_scaler": _loss_scaler(osd.get("loss_scaler")),
-        "partition_count": [int(c) for c in count] if isinstance(count, list) else [int(count or 1)] * len(flat),
-        "slices": [_fragments(m) for m in osd.get("param_slice_mappings") or []],
+        "partition_count": count,
+        "slices": [_fragments(m, file) for m in osd.get("param_slice_mappings") or []],
     }
+
+
+MAX_PARTITIONS = 1 << 20  # data-parallel ranks; the largest runs have tens of thousands
+
+
+def _partition_counts(value: Any, groups: int, origin: str) -> list[int]:
+    """`partition_count`: one count per group (or one for all), each a positive int."""
+    if value is None:
+        return [1] * groups
+    if isinstance(value, (list, tuple)):
+        return [want_int(c, origin, f"partition_count[{i}]", lo=1, hi=MAX_PARTITIONS) for i, c in enumerate(value)]
+    return [want_int(value, origin, "partition_count", lo=1, hi=MAX_PARTITIONS)] * groups
 
 
 def _stage(value: Any) -> int | None:
@@ -217,21 +230,26 @@ def _loss_scaler(value: Any) -> dict | None:
     return None
 
 
-def _fragments(mapping: Any) -> dict[str, tuple[int, int]]:
+def _fragments(mapping: Any, origin: str) -> dict[str, tuple[int, int]]:
     """param_slice_mappings[g]: name -> (numel, start) from opaque fragment_address records."""
     out = {}
-    for name, frag in (mapping or {}).items():
+    for name, frag in (want_dict(mapping, origin, "param_slice_mappings[]") if mapping else {}).items():
         state = frag.state if isinstance(frag, OpaqueObject) else None
         if isinstance(state, Mapping) and {"numel", "start"} <= state.keys():
-            out[str(name)] = (int(state["numel"]), int(state["start"]))
+            name = want_str(name, origin, "param_slice_mappings key")
+            out[name] = (want_int(state["numel"], origin, f"param_slice_mappings[{name!r}].numel"),
+                         want_int(state["start"], origin, f"param_slice_mappings[{name!r}].start"))
     return out
 
 
-def _param_names(tree: Mapping) -> list[Mapping[str, tuple]]:
+def _param_names(tree: Mapping, origin: str = "") -> list[dict[str, tuple[int, ...]]]:
+    """`param_shapes`: per group, parameter name -> shape, checked."""
     shapes = tree.get("param_shapes")
     if isinstance(shapes, Mapping):  # very old checkpoints: one dict for all groups
         shapes = [shapes]
-    return [dict(g) for g in shapes or [] if isinstance(g, Mapping)]
+    groups = want_list(shapes, origin, "param_shapes") if shapes is not None else []
+    return [{want_str(n, origin, "param_shapes key"): want_shape(v, origin, f"param_shapes[{n!r}]")
+             for n, v in g.items()} for g in groups if isinstance(g, Mapping)]
 
 
 def _offsets(slices: dict[str, tuple[int, int]] | None, shapes: Mapping[str, tuple]) -> dict[str, int]:
@@ -245,16 +263,12 @@ def _offsets(slices: dict[str, tuple[int, int]] | None, shapes: Mapping[str, tup
     return out
 
 
-def _numel(shape: Any) -> int:
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return n
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)  # shapes were checked by `want_shape`
 
 
 def _view(name: str, flat: TensorRef, start: int, shape: tuple, locate_for: common.Locator) -> TensorInfo | None:
     """`shape` elements of a flat partition from `start`, as a tensor; None if they do not fit."""
-    shape = tuple(int(d) for d in shape)
     if start < 0 or start + _numel(shape) > flat.numel:
         return None
     info = TensorInfo(name=name, shape=shape, dtype=flat.dtype, locate=locate_for(flat.storage),
@@ -304,5 +318,5 @@ def _placeholders(ckpt: Checkpoint, names: list[Mapping[str, tuple]]) -> None:
 
     for group in names:
         for name, shape in group.items():
-            ckpt.model[name] = TensorInfo(name=name, shape=tuple(int(d) for d in shape), dtype="float32",
+            ckpt.model[name] = TensorInfo(name=name, shape=shape, dtype="float32",
                                           locate=refuse, storage_id=f"zero3:{name}", is_parameter=True)

@@ -18,7 +18,7 @@ import numpy as np
 from ckptfix.errors import RepairError
 from ckptfix.formats import read_checkpoint
 from ckptfix.inspect import analyse
-from ckptfix.io import BackgroundHash, same_file
+from ckptfix.io import BackgroundHash, check_output_path, same_file
 from ckptfix.record import REPAIR_SCHEMA, Record, TokenizerRef
 from ckptfix.surgery.plan import RepairPlan, make_plan
 
@@ -84,6 +84,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                 std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
                                 trust_pickle=trust_pickle, seed=seed)
+    if not dry_run and out is not None:  # refused before anything is read, hashed or written
+        check_output_path(source, os.fspath(out), force=force)
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
     # so it runs while the checkpoint and tokenizer are read and planned, and then during the copy.
     writes = not dry_run and out is not None and (force or not os.path.lexists(os.fspath(out)))
@@ -108,6 +110,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
             return RepairResult(plan, None, False, build_record(plan, None),
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
         writer = _writer_for(ckpt.format, ckpt.path)
+        check_output_path(source, out, force=force, sidecar=_writes_sidecar(ckpt))
         if hasher is None:  # `out` existed at the first check and is gone now
             hasher = BackgroundHash(source, paced=paced)
         def record_fn(final: bool = True) -> dict[str, Any]:
@@ -149,6 +152,11 @@ def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: A
     backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True,
                     incremental=True)
     return RepairResult(plan, source, False, build_record(plan, None), backup=backup)
+
+
+def _writes_sidecar(ckpt: Any) -> bool:
+    """Whether the record goes beside OUT as `OUT.ckptfix.json` (a safetensors file, a bare state_dict)."""
+    return ckpt.format == "safetensors" or (ckpt.format in ("torch", "lightning") and ckpt.sections.get("model") == "")
 
 
 def _writer_for(fmt: str, path: str | None = None):

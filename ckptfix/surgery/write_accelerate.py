@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ckptfix.io import atomic_folder, backup_path
+from ckptfix.io import atomic_folder, backup_path, copy_input_entry
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import edit_model, edit_optimizer, edit_scaler
 from ckptfix.surgery.write_hf import rewrite_torch_file, write_safetensors
@@ -42,8 +42,8 @@ def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], 
             role = part.get(name)
             if name == "ckptfix.json":
                 continue  # a previous repair's record: replaced below
-            if os.path.isdir(src):
-                shutil.copytree(src, dst, symlinks=True)
+            if os.path.isdir(src) or os.path.islink(src):
+                copy_input_entry(src, dst, source)  # links stay links, never followed out of the folder
             elif role == "model" and plan.weights:
                 with open(dst, "wb") as f:
                     if name.endswith(".safetensors"):
@@ -60,7 +60,7 @@ def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], 
                 with open(dst, "wb") as f:
                     rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
             else:
-                shutil.copy2(src, dst)  # RNG states, samplers, further models: bytes, never unpickled
+                copy_input_entry(src, dst, source)  # RNG states, samplers, further models: bytes, never unpickled
             if os.path.isfile(dst) and not os.path.islink(dst):  # rewritten files keep the source's mode
                 shutil.copymode(src, dst)
         with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:

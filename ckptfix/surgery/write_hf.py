@@ -16,11 +16,14 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ckptfix import untrusted
+from ckptfix.errors import RepairError
 from ckptfix.formats import safetensors_file, safetensors_save, torch_file, torch_save
-from ckptfix.io import atomic_file, atomic_folder, backup_path
+from ckptfix.io import atomic_file, atomic_folder, backup_path, copy_input_entry
 from ckptfix.progress import Progress
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer, edit_scaler
+from ckptfix.untrusted import load_json_file
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "spiece.model", "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")
@@ -66,13 +69,11 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
             src, dst = os.path.join(source, name), os.path.join(tmp, name)
             if name in TOKENIZER_FILES or name == "ckptfix.json":
                 continue
-            if os.path.isdir(src):
-                shutil.copytree(src, dst, symlinks=True)
-            elif os.path.realpath(src) in {os.path.realpath(p) for p in edited_files}:
+            if os.path.realpath(src) in {os.path.realpath(p) for p in edited_files}:
                 _rewrite_weights(plan, src, dst, rng, progress)
-            elif not _rewrite_training_file(plan, name, src, dst, rng, progress):
-                shutil.copy2(src, dst)
-            if os.path.isfile(dst):  # a rewritten file keeps its source's permissions, like a copied one
+            elif not (os.path.isfile(src) and _rewrite_training_file(plan, name, src, dst, rng, progress)):
+                copy_input_entry(src, dst, source)  # regular files; links stay links, never followed out
+            if os.path.isfile(dst) and not os.path.islink(dst):  # a rewritten file keeps its source's mode
                 shutil.copymode(src, dst)
         _update_index_sizes(plan, tmp)
         _copy_tokenizer(plan.tokenizer, tmp)
@@ -103,8 +104,7 @@ def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng:
             rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
         return True
     if name == "config.json":
-        with open(src, "rb") as f:
-            config = json.loads(f.read().decode("utf-8"))
+        config = load_json_file(src)
         if isinstance(config, dict) and "vocab_size" in config:
             config["vocab_size"] = plan.target_rows
         with open(dst, "w", encoding="utf-8") as f:
@@ -130,8 +130,7 @@ def _update_index_sizes(plan: RepairPlan, folder: str) -> None:
         if not name.endswith(".index.json") or delta == 0:
             continue
         path = os.path.join(folder, name)
-        with open(path, "rb") as f:
-            index = json.loads(f.read().decode("utf-8"))
+        index = load_json_file(path)
         meta = index.get("metadata")
         if isinstance(meta, dict) and isinstance(meta.get("total_size"), int):
             meta["total_size"] += delta
@@ -151,8 +150,12 @@ def _copy_tokenizer(tokenizer: Any, folder: str) -> None:
     path = tokenizer.path
     if os.path.isdir(path):
         for name in TOKENIZER_FILES:
-            if os.path.exists(os.path.join(path, name)):
-                shutil.copy2(os.path.join(path, name), os.path.join(folder, name))
+            src = os.path.join(path, name)
+            if os.path.lexists(src):
+                untrusted.check_input(src, error=RepairError)  # never a FIFO or device (a copy would hang)
+                if os.path.isdir(src):
+                    raise RepairError(f"{untrusted.escape(src)}: a folder where a tokenizer file belongs")
+                shutil.copy2(src, os.path.join(folder, name))
     elif tokenizer.kind == "sentencepiece":
         shutil.copy2(path, os.path.join(folder, "tokenizer.model"))
     else:

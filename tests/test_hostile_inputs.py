@@ -1,0 +1,300 @@
+"""Hostile and broken inputs, one test per class of issue 19, each through the real CLI (`ckptfix.cli.main`
+in a separate process, see `malicious_corpus.run_batch`) with the exact exit code and error line.
+
+Inputs are built from real files: a checkpoint written by `torch.save` after real AdamW steps, a real
+sentencepiece model, a real `dcp.save` folder; then one field is made wrong, a structure made deep or
+shared, or the file swapped for a FIFO, device or link.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import malicious_corpus as mc
+from ckpt_factory import new_run, save_checkpoint, train
+from tokenizer_factory import train_sentencepiece
+
+ERR = "ckptfix: error: "
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile")
+    run = train(new_run(vocab=64), 3)
+    good = save_checkpoint(run, root / "good.pth")
+    tok = train_sentencepiece(root / "sp", 72)
+    return {"root": root, "run": run, "good": good, "tok": tok}
+
+
+def _variant(base, name: str, mutate) -> Path:
+    run = base["run"]
+    sd = {"model": run.model.state_dict(), "optimizer": copy.deepcopy(run.optimizer.state_dict()),
+          "scheduler": run.scheduler.state_dict(), "scaler": run.scaler.state_dict(), "step": 3}
+    mutate(sd)
+    path = base["root"] / f"{name}.pth"
+    torch.save(sd, path)
+    return path
+
+
+def _group(key, value):
+    return lambda sd: sd["optimizer"]["param_groups"][0].__setitem__(key, value)
+
+
+def _set(section, key, value):
+    return lambda sd: sd[section].__setitem__(key, value)
+
+
+def _tuple_keyed_state(sd):
+    state = sd["optimizer"]["state"]
+    state[(0, 1)] = state.pop(0)
+
+
+def _dag_record(sd):
+    x: list = [1]
+    for _ in range(40):
+        x = [x, x]
+    sd["ckptfix"] = {"schema": "ckptfix.repair/1", "notes": x}
+
+
+WRONG_TYPES = {  # name: (mutation, message after "<path>: ")
+    "weight_decay_list": (_group("weight_decay", [1, 2]), "optimizer: param_groups[0].weight_decay: expected a number, got a list"),
+    "weight_decay_str": (_group("weight_decay", "x"), "optimizer: param_groups[0].weight_decay: expected a number, got the string 'x'"),
+    "betas_int": (_group("betas", 3), "optimizer: param_groups[0].betas: expected a pair of numbers, got 3"),
+    "betas_none": (_group("betas", None), "optimizer: param_groups[0].betas: expected a pair of numbers, got None"),
+    "lr_bool": (_group("lr", True), "optimizer: param_groups[0].lr: expected a number, got True"),
+    "scaler_int_keys": (lambda sd: sd.__setitem__("scaler", {1: 2.0}), "scaler: scaler key: expected string attribute names, got 1"),
+    "scaler_scale_str": (_set("scaler", "scale", "big"), "scaler: scale: expected a number, got the string 'big'"),
+    "last_epoch_str": (_set("scheduler", "last_epoch", "x"), "scheduler: last_epoch: expected an integer in "
+                       "[-9223372036854775808, 9223372036854775807], got the string 'x'"),
+    "last_lr_dict": (_set("scheduler", "_last_lr", {"a": 1}), "scheduler: _last_lr: expected a list of learning rates, got a dict"),
+    "tuple_keyed_moments": (_tuple_keyed_state, "optimizer: state key: expected a parameter index (int) or name (str), got a tuple"),
+    "dag_record": (_dag_record, "ckptfix record: expected a tree (no shared or cyclic sub-objects), got a list"),
+}
+
+
+@pytest.fixture(scope="module")
+def results(base):
+    """Every CLI job of this module, run in one batch process (an in-process alarm catches hangs)."""
+    jobs = {}
+    for name, (mutate, _) in WRONG_TYPES.items():
+        path = _variant(base, name, mutate)
+        jobs[name] = ["inspect", str(path), "--json"]
+    jobs.update(_file_jobs(base))
+    out = mc.run_batch([{"id": k, "argv": v} for k, v in jobs.items()], cwd=base["root"], timeout=20)
+    return out
+
+
+@pytest.mark.parametrize("name", list(WRONG_TYPES))
+def test_wrong_typed_values_are_one_line_exit_2(base, results, name):
+    r = results[name]
+    expected = f"{ERR}{base['root'] / name}.pth: {WRONG_TYPES[name][1]}"
+    assert (r["code"], r["stderr"].strip()) == (2, expected)
+
+
+def _file_jobs(base) -> dict[str, list[str]]:
+    root, good, tok = base["root"], str(base["good"]), str(base["tok"])
+    os.mkfifo(root / "fifo")
+    (root / "a_file").write_text("x")
+    nested = root / "anc" / "in"
+    nested.mkdir(parents=True)
+    shutil.copy(good, nested / "c.pth")
+    (root / "side.pth.ckptfix.json").write_text("{}")
+    torch.save(base["run"].model.state_dict(), root / "bare.pth")
+    (root / "digits.json").write_text('{"model": {"type": "BPE", "vocab": {"a": ' + "9" * 5000 + '}}}')
+    with open(root / "sparse.json", "wb") as f:
+        f.truncate(6 << 30)
+    repair = ["repair", good, "--tokenizer", tok, "-o"]
+    return {
+        "ckpt_fifo": ["inspect", str(root / "fifo")],
+        "ckpt_device": ["inspect", "/dev/zero"],
+        "tok_fifo": ["inspect", good, "--tokenizer", str(root / "fifo")],
+        "tok_urandom": ["inspect", good, "--tokenizer", "/dev/urandom"],
+        "from_tok_fifo": ["repair", good, "--tokenizer", tok, "--from-tokenizer", str(root / "fifo"),
+                          "-o", str(root / "o1.pth")],
+        "tok_5000_digits": ["inspect", good, "--tokenizer", str(root / "digits.json")],
+        "tok_sparse_6gb": ["inspect", good, "--tokenizer", str(root / "sparse.json")],
+        "out_missing_parent": repair + [str(root / "nope" / "x.pth")],
+        "out_under_a_file": repair + [str(root / "a_file" / "x.pth")],
+        "out_in_proc": repair + ["/proc/x.pth"],
+        "out_250_chars": repair + [str(root / ("a" * 250 + ".pth"))],
+        "out_ancestor_force": ["repair", str(nested / "c.pth"), "--tokenizer", tok, "-o", str(root / "anc"), "--force"],
+        "out_ancestor": ["repair", str(nested / "c.pth"), "--tokenizer", tok, "-o", str(root / "anc")],
+        "out_inside_input_folder": ["repair", str(root / "anc"), "--tokenizer", tok, "-o", str(nested / "x")],
+        "sidecar_exists": ["repair", str(root / "bare.pth"), "--tokenizer", tok, "-o", str(root / "side.pth")],
+    }
+
+
+FILE_CASES = {  # name: regex of the one error line (after "ckptfix: error: ")
+    "ckpt_fifo": r"\S+/fifo: not a regular file or folder \(a FIFO\)",
+    "ckpt_device": r"/dev/zero: not a regular file or folder \(a device\)",
+    "tok_fifo": r"\S+/fifo: not a regular file \(a FIFO\)",
+    "tok_urandom": r"/dev/urandom: not a regular file \(a device\)",
+    "from_tok_fifo": r"\S+/fifo: not a regular file \(a FIFO\)",
+    "tok_5000_digits": r"\S+/digits.json: invalid JSON \(an integer of 5000 digits\)",
+    "tok_sparse_6gb": r"\S+/sparse.json: tokenizer file of 6,442,450,944 bytes is larger than ckptfix reads "
+                      r"\(256 MiB\); not a real tokenizer file\?",
+    "out_missing_parent": r"\S+/nope/x.pth: the output's folder \S+/nope does not exist; create it first",
+    "out_under_a_file": r"\S+/a_file/x.pth: the output's folder \S+/a_file is not a folder; create it first",
+    "out_in_proc": r"/proc/x.pth: (write failed \(.*\); nothing was written|cannot write in /proc \(permission denied\))",
+    "out_250_chars": r"\S+/a{250}.pth: name too long \(254 bytes; at most 229 leave room for the temporary file beside it\)",
+    "out_ancestor_force": r"\S+/anc: a folder that contains the input \S+/anc/in/c.pth; replacing it would delete "
+                          r"the input \(--force does not allow that\)",
+    "out_ancestor": r"\S+/anc: a folder that contains the input \S+/anc/in/c.pth; replacing it would delete "
+                    r"the input \(--force does not allow that\)",
+    "out_inside_input_folder": r"\S+/anc/in/x: inside the input folder \S+/anc; write the repair elsewhere",
+    "sidecar_exists": r"\S+/side.pth.ckptfix.json: already exists \(the record of a previous repair\?\); "
+                      r"pass --force to replace it with OUT",
+}
+
+
+@pytest.mark.parametrize("name", list(FILE_CASES))
+def test_file_rules(base, results, name):
+    r = results[name]
+    assert r["code"] == 2, r
+    lines = r["stderr"].strip().splitlines()
+    assert len(lines) == 1 and re.fullmatch(re.escape(ERR) + FILE_CASES[name], lines[0]), lines
+
+
+def test_nothing_written_but_out(base, results):
+    """None of the refused repairs above left a file: the input folder holds what the test made."""
+    root = base["root"]
+    assert sorted(os.listdir(root / "anc")) == ["in"] and sorted(os.listdir(root / "anc" / "in")) == ["c.pth"]
+    assert (root / "side.pth.ckptfix.json").read_text() == "{}" and not (root / "side.pth").exists()
+    assert not [p for p in os.listdir(root) if p.startswith(".") or p.endswith(".pth") and p.startswith(("o1", "x"))]
+
+
+def test_escape_sequences_in_names_never_reach_the_terminal(base, tmp_path):
+    """A tensor name and a key with terminal control characters: escaped in the report and the error line."""
+    torch.save({"model": {**base["run"].model.state_dict(), "emb\x1b[2J\x1b]0;owned\x07.weight": torch.zeros(4, 2)}},
+               tmp_path / "esc.pth")
+    torch.save({"\x1b[31mkey": 1}, tmp_path / "esc_err.pth")
+    out = mc.run_batch([{"id": "report", "argv": ["diff", str(base["good"]), str(tmp_path / "esc.pth")]},
+                        {"id": "error", "argv": ["inspect", str(tmp_path / "esc_err.pth")]}], cwd=tmp_path)
+    assert out["report"]["code"] in (0, 1) and "emb\\x1b[2J\\x1b]0;owned\\x07.weight" in out["report"]["stdout"], out
+    assert out["error"]["code"] == 2 and "\\x1b[31mkey" in out["error"]["stderr"]
+    for r in out.values():
+        assert "\x1b" not in r["stdout"] + r["stderr"] and "\x07" not in r["stdout"] + r["stderr"]
+
+
+# --- folders: links out of the input, non-regular entries --------------------------------------------
+
+@pytest.fixture(scope="module")
+def hf_folder(base, tmp_path_factory):
+    """A real HF Trainer-style folder: model.safetensors from save_pretrained-like code, optimizer.pt."""
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("hf_links")
+    folder = root / "checkpoint-3"
+    folder.mkdir()
+    run = base["run"]
+    save_file({k: v.contiguous() for k, v in run.model.state_dict().items()}, folder / "model.safetensors")
+    torch.save(run.optimizer.state_dict(), folder / "optimizer.pt")
+    torch.save(run.scheduler.state_dict(), folder / "scheduler.pt")
+    (folder / "trainer_state.json").write_text('{"global_step": 3}')
+    return folder
+
+
+def test_links_out_of_the_input_folder_are_never_followed(base, hf_folder, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("do not copy me")
+    src = tmp_path / "src"
+    shutil.copytree(hf_folder, src)
+    os.symlink(secret, src / "notes.txt")
+    os.symlink("/dev/zero", src / "zeros.bin")
+    os.symlink("trainer_state.json", src / "state_link.json")
+    (src / "sub").mkdir()
+    os.symlink(tmp_path, src / "sub" / "outside_dir")
+    out = tmp_path / "fixed"
+    r = mc.run_batch([{"id": 0, "argv": ["repair", str(src), "--tokenizer", str(base["tok"]), "-o", str(out)]}],
+                     cwd=tmp_path)[0]
+    assert r["code"] == 0, r
+    assert os.readlink(out / "notes.txt") == str(secret) and os.readlink(out / "zeros.bin") == "/dev/zero"
+    assert os.readlink(out / "state_link.json") == "trainer_state.json"  # inside: kept as it was
+    assert os.readlink(out / "sub" / "outside_dir") == str(tmp_path)
+    assert not any(p.is_file() and not p.is_symlink() and p.read_bytes() == b"do not copy me" for p in out.rglob("*"))
+
+
+def test_fifo_in_input_folder_is_refused(base, hf_folder, tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(hf_folder, src)
+    os.mkfifo(src / "rng_state.fifo")
+    r = mc.run_batch([{"id": 0, "argv": ["repair", str(src), "--tokenizer", str(base["tok"]), "-o",
+                                         str(tmp_path / "fixed")]}], cwd=tmp_path, timeout=20)[0]
+    assert r["code"] == 2 and r["stderr"].strip() == (
+        f"{ERR}{src}/rng_state.fifo: a named pipe, not a regular file; a folder copy takes no FIFOs, devices or sockets")
+    assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+# --- DAGs and deep nesting -------------------------------------------------------------------------
+
+def _pickle_bytes(obj) -> bytes:
+    return pickle.dumps(obj, protocol=2)
+
+
+def test_dag_in_extras_renders_fast_as_text_and_json(tmp_path):
+    """Memo-shared lists (2**40 paths) in an extra key: the report and --json stay linear."""
+    x: list = [1]
+    for _ in range(40):
+        x = [x, x]
+    torch.save({"model": {"w": torch.zeros(2)}, "extra": x, "more": {"a": x, "b": [x] * 50}}, tmp_path / "dag.pth")
+    out = mc.run_batch([{"id": f, "argv": ["inspect", str(tmp_path / "dag.pth"), *f.split()]}
+                        for f in ("", "--json")], cwd=tmp_path, timeout=10)
+    assert out[""]["code"] == 0 and out["--json"]["code"] == 0, out
+
+
+def test_deep_nesting_never_overflows_the_stack(tmp_path):
+    """Tuples 300k deep (as a value, not a key), lists and dicts 200k deep: exit 2 or a clean read, never a
+    signal and never a traceback."""
+    body = b"\x80\x02}q\x00X\x05\x00\x00\x00modelq\x01}q\x02X\x01\x00\x00\x00xq\x03"
+    deep_tuple = body + b"K\x01" + b"\x85" * 300_000 + b"ss."
+    deep_list = body + b"(" * 200_000 + b"K\x01" + b"l" * 200_000 + b"ss."
+    deep_dict = body + b"(X\x01\x00\x00\x00k" * 100_000 + b"K\x01" + b"d" * 100_000 + b"ss."
+    jobs = []
+    for name, data in {"tuple": deep_tuple, "list": deep_list, "dict": deep_dict}.items():
+        (tmp_path / f"{name}.pth").write_bytes(data)
+        jobs += [{"id": f"{name}{f}", "argv": ["inspect", str(tmp_path / f"{name}.pth"), *f.split()]}
+                 for f in ("", " --json", " --trust-pickle --json")]
+    out = mc.run_batch(jobs, cwd=tmp_path, timeout=10)
+    for job, r in out.items():
+        assert r["code"] in (0, 1, 2) and "Traceback" not in r["stderr"], (job, r)
+        if r["code"] == 2:
+            assert r["stderr"].startswith(ERR) and len(r["stderr"].strip().splitlines()) == 1, (job, r)
+
+
+def test_many_distinct_steps_are_fast(base, tmp_path):
+    """150k optimizer entries, each with its own `step`: inspect is linear."""
+    import time
+
+    run = base["run"]
+    osd = copy.deepcopy(run.optimizer.state_dict())
+    osd["state"] = {i: {"step": float(i)} for i in range(150_000)}
+    osd["param_groups"][0]["params"] = list(range(150_000))
+    torch.save({"model": run.model.state_dict(), "optimizer": osd}, tmp_path / "steps.pth")
+    t = time.perf_counter()
+    r = mc.run_batch([{"id": 0, "argv": ["inspect", str(tmp_path / "steps.pth")]}], cwd=tmp_path, timeout=20)[0]
+    assert r["code"] in (0, 1) and "Traceback" not in r["stderr"], r
+    assert time.perf_counter() - t < 15
+
+
+def test_dcp_metadata_deeply_nested_planner_path(tmp_path):
+    """A real dcp.save folder whose .metadata names a 100k-deep state-dict path."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {"w": torch.zeros(3)}, "step": 1}, checkpoint_id=str(tmp_path / "dcp"))
+    meta = tmp_path / "dcp" / ".metadata"
+    md = pickle.loads(meta.read_bytes())
+    md.planner_data = {k: tuple(["model"] * 100_000) for k in md.planner_data}
+    meta.write_bytes(pickle.dumps(md))
+    r = mc.run_batch([{"id": 0, "argv": ["inspect", str(tmp_path / "dcp")]}], cwd=tmp_path, timeout=10)[0]
+    assert r["code"] == 2 and r["stderr"].strip().startswith(f"{ERR}{meta}: planner_data"), r
