@@ -123,14 +123,9 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def _no_constant(name: str) -> float:
-    raise ValueError(f"non-standard constant {name}")
-
-
-def parse_json(data: bytes, origin: str, *, error: type[Exception] = UnreadableCheckpoint,
-               allow_constants: bool = True) -> Any:
+def parse_json(data: bytes, origin: str, *, error: type[Exception] = UnreadableCheckpoint) -> Any:
     """JSON from an input: UTF-8 (a BOM allowed), integers of at most MAX_JSON_DIGITS digits, nesting
-    at most MAX_JSON_DEPTH deep. `NaN`/`Infinity` (Python's json writes them) are kept unless refused."""
+    at most MAX_JSON_DEPTH deep. `NaN`/`Infinity` (Python's json writes them) are kept."""
     shown = escape(origin)
     try:
         text = data.decode("utf-8-sig")
@@ -140,8 +135,7 @@ def parse_json(data: bytes, origin: str, *, error: type[Exception] = UnreadableC
     if depth > MAX_JSON_DEPTH:
         raise error(f"{shown}: invalid JSON (nested {depth} deep; at most {MAX_JSON_DEPTH})")
     try:
-        return json.loads(text, parse_int=_bounded_int,
-                          **({} if allow_constants else {"parse_constant": _no_constant}))
+        return json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         raise error(f"{shown}: invalid JSON: {escape(exc, MAX_TEXT)}") from None
     except (ValueError, RecursionError) as exc:

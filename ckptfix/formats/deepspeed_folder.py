@@ -242,7 +242,7 @@ def _fragments(mapping: Any, origin: str) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _param_names(tree: Mapping, origin: str = "") -> list[dict[str, tuple[int, ...]]]:
+def _param_names(tree: Mapping, origin: str = "") -> list[Mapping[str, tuple]]:
     """`param_shapes`: per group, parameter name -> shape, checked."""
     shapes = tree.get("param_shapes")
     if isinstance(shapes, Mapping):  # very old checkpoints: one dict for all groups
