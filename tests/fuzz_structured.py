@@ -1,0 +1,924 @@
+"""Structure-aware fuzzing of every input ckptfix reads, in-process, with per-input time and memory checks.
+
+Seeds are real files from the test factories: a `torch.save` checkpoint after real AdamW steps (zip and
+legacy), a safetensors file, an HF Trainer folder, a `dcp.save` folder, a DeepSpeed ZeRO-2 folder written
+by the real engine (when deepspeed runs here), a sentencepiece model, a tokenizer.json and an HF
+tokenizer folder. Each format has its own mutators that know its structure:
+
+  pickle    opcode stream (parsed with pickletools): ints set to extremes, ops dropped/duplicated,
+            deep MARK/TUPLE/LIST nests, memo-DAG runs (DUP+TUPLE2), strings with control characters
+  tree      the unpickled tree: a node replaced by a wrong type, a huge/negative/NaN number, a deep or
+            shared (DAG) structure, a tuple key; re-saved with torch.save
+  zip       records of the torch zip: sizes, offsets, compression method, names, zip64 extra fields,
+            truncation, duplicated members
+  safetensors  the header JSON: dtypes, shapes, data_offsets, metadata; then the header length
+  dcp       the `.metadata` Metadata object (sizes, chunks, storage offsets/lengths/paths, planner paths)
+  deepspeed the model/optim-states trees (partition counts, shapes, fragment addresses)
+  hf        folder-level: files removed, JSON config/index values changed, links, non-regular files
+  tokenizer sentencepiece protobuf fields, tokenizer.json trees, vocab.txt lines, tokenizer folders
+
+`run(fmt, n, seed)` runs n inputs through `ckptfix.cli.main` (inspect with random flags; repair and diff
+for some) and returns (count, failures). A failure is an exit code outside 0/1/2, a traceback or an
+internal error line, an input over `TIME_LIMIT` s, a peak over `MEM_LIMIT` bytes (tracemalloc for Python
+allocations, VmHWM for the whole process after resetting it), a changed input or a stray file.
+
+    nice -n 15 python tests/fuzz_structured.py FORMAT N [SEED] [--until HH:MM]   # the long run
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import io
+import json
+import math
+import os
+import pickle
+import pickletools
+import random
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+import tracemalloc
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+TIME_LIMIT = 5.0
+MEM_LIMIT = 300 << 20
+FORMATS = ("pickle", "tree", "zip", "safetensors", "dcp", "deepspeed", "hf", "sentencepiece",
+           "tokenizer_json", "tokenizer_folder")
+
+
+# --- seeds ----------------------------------------------------------------------------------------
+
+def make_seeds(root: Path, deepspeed: bool = True) -> dict[str, Path]:
+    """Real files from the test factories (a few seconds; DeepSpeed in a subprocess when available)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ckpt_factory import new_run, save_checkpoint, train
+    from tokenizer_factory import make_hf_tokenizer_folder, train_sentencepiece, train_tokenizer_json
+
+    root.mkdir(parents=True, exist_ok=True)
+    run = train(new_run(vocab=48, dim=8, layers=1), 3)
+    seeds = {"pth": save_checkpoint(run, root / "ckpt.pth")}
+    torch.save({"model": run.model.state_dict(), "step": 3}, root / "legacy.pth", _use_new_zipfile_serialization=False)
+    seeds["legacy"] = root / "legacy.pth"
+    save_file({k: v.contiguous() for k, v in run.model.state_dict().items()}, root / "model.safetensors")
+    seeds["safetensors"] = root / "model.safetensors"
+    hf = root / "checkpoint-3"
+    hf.mkdir()
+    save_file({k: v.contiguous() for k, v in run.model.state_dict().items()}, hf / "model.safetensors")
+    torch.save(run.optimizer.state_dict(), hf / "optimizer.pt")
+    torch.save(run.scheduler.state_dict(), hf / "scheduler.pt")
+    torch.save(run.scaler.state_dict(), hf / "scaler.pt")
+    (hf / "trainer_state.json").write_text(json.dumps({"global_step": 3, "log_history": [{"loss": 1.0, "step": 3}]}))
+    (hf / "config.json").write_text(json.dumps({"vocab_size": 48, "model_type": "tiny", "hidden_size": 8}))
+    seeds["hf"] = hf
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(run.model, run.optimizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": msd, "optim": osd, "sched": run.scheduler.state_dict(), "step": 3},
+                 checkpoint_id=str(root / "dcp"))
+    seeds["dcp"] = root / "dcp"
+    seeds["sentencepiece"] = train_sentencepiece(root / "sp", 56)
+    seeds["tokenizer_json"] = train_tokenizer_json(root / "tj", 60)
+    seeds["tokenizer_folder"] = make_hf_tokenizer_folder(root, 60, added=["<x>"], special=["<s1>"], name="tokfolder")
+    (root / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]"] + [f"w{i}" for i in range(52)]))
+    seeds["vocab_txt"] = root / "vocab.txt"
+    if deepspeed:
+        ds = _deepspeed_seed(root / "ds")
+        if ds is not None:
+            seeds["deepspeed"] = ds
+    return seeds
+
+
+def _deepspeed_seed(out: Path) -> Path | None:
+    """A ZeRO-2 folder written by the real DeepSpeed engine (the script test_formats_deepspeed runs)."""
+    import subprocess
+
+    try:
+        import deepspeed  # noqa: F401
+        import test_formats_deepspeed as tfd
+    except Exception:
+        return None
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(tfd._free_port()),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    script = tfd._SCRIPT.format(configs={"s2": (2, False)})
+    proc = subprocess.run([sys.executable, "-c", script, str(out)], env=env, capture_output=True, text=True, timeout=300)
+    return out / "s2" if proc.returncode == 0 else None
+
+
+# --- generic value mutation -----------------------------------------------------------------------
+
+def _deep(depth: int, kind: str) -> Any:
+    node: Any = 1
+    for _ in range(depth):
+        node = [node] if kind == "list" else (node,) if kind == "tuple" else {"k": node}
+    return node
+
+
+def _dag(levels: int) -> Any:
+    node: Any = [1]
+    for _ in range(levels):
+        node = [node, node]
+    return node
+
+
+def hostile_value(rng: random.Random) -> Any:
+    """A value of the wrong type, sign, range or size, or a deep / shared structure."""
+    import torch
+
+    choices: list[Callable[[], Any]] = [
+        lambda: None, lambda: True, lambda: -1, lambda: 0, lambda: 2 ** 63, lambda: -(2 ** 63) - 1,
+        lambda: 10 ** rng.randint(20, 300), lambda: float("nan"), lambda: float("inf"), lambda: -float("inf"),
+        lambda: 1e308, lambda: "x", lambda: "\x1b[2J\x1b]0;t\x07" + "\n" * 3, lambda: "a" * rng.randint(1, 100_000),
+        lambda: [], lambda: {}, lambda: [1, 2, 3], lambda: {"a": [1]}, lambda: (1, 2), lambda: {(1, 2): 3},
+        lambda: {1: 2}, lambda: b"\x00" * 10, lambda: _deep(rng.choice([50, 500, 5000]), rng.choice(["list", "tuple", "dict"])),
+        lambda: _dag(rng.randint(10, 40)), lambda: list(range(rng.randint(0, 30_000))),
+        lambda: torch.zeros(rng.choice([0, 1, 3])), lambda: torch.zeros(2, 2).as_strided((10 ** 6, 10 ** 3), (0, 0)),
+        lambda: torch.zeros(1, dtype=rng.choice([torch.float16, torch.bfloat16, torch.int64, torch.bool, torch.uint8])),
+        lambda: 3.5, lambda: [float("nan")] * 3, lambda: set(range(3)),
+    ]
+    return rng.choice(choices)()
+
+
+def mutate_tree(tree: Any, rng: random.Random, rounds: int = 1) -> Any:
+    """Replace random nodes (values, keys) of a plain tree with hostile values; returns a new tree."""
+    tree = copy.deepcopy(tree) if _small(tree) else tree
+    for _ in range(rounds):
+        parents = []
+        stack: list[Any] = [tree]
+        seen: set[int] = set()
+        while stack and len(parents) < 5000:
+            node = stack.pop()
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            if isinstance(node, dict):
+                parents.append(node)
+                stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
+            elif isinstance(node, list):
+                parents.append(node)
+                stack.extend(v for v in node if isinstance(v, (dict, list)))
+        if not parents:
+            return hostile_value(rng)
+        node = rng.choice(parents)
+        if isinstance(node, dict) and node:
+            key = rng.choice(list(node))
+            if rng.random() < 0.15:
+                node[hostile_key(rng)] = node.pop(key)
+            elif rng.random() < 0.1:
+                del node[key]
+            else:
+                node[key] = hostile_value(rng)
+        elif isinstance(node, list) and node:
+            i = rng.randrange(len(node))
+            if rng.random() < 0.1:
+                del node[i]
+            else:
+                node[i] = hostile_value(rng)
+    return tree
+
+
+def hostile_key(rng: random.Random) -> Any:
+    return rng.choice([1, -1, (0, 1), None, True, 2.5, "\x1b[31m", "", "a" * 5000, "../x", frozenset({1})])
+
+
+def _small(tree: Any) -> bool:
+    return True
+
+
+# --- format mutators: each returns a list of argv lists to run, given a scratch folder ---------------
+
+class Ctx:
+    def __init__(self, seeds: dict[str, Path], work: Path, rng: random.Random):
+        self.seeds, self.work, self.rng = seeds, work, rng
+        self.cache: dict[str, Any] = {}
+
+    def flags(self) -> list[str]:
+        r = self.rng
+        return [f for f, p in (("--json", 0.4), ("--scan", 0.25), ("--verify", 0.2), ("--trust-pickle", 0.2))
+                if r.random() < p]
+
+    def commands(self, path: Path) -> list[list[str]]:
+        """inspect with random flags; sometimes repair to a tokenizer or diff against the seed."""
+        r = self.rng
+        cmds = [["inspect", str(path), *self.flags()]]
+        if r.random() < 0.15:
+            cmds.append(["repair", str(path), "--tokenizer", str(self.seeds["sentencepiece"]), "-o",
+                         str(self.work / ("out" + (path.suffix if path.is_file() else ""))), "--init", "zeros"])
+        if r.random() < 0.1:
+            cmds.append(["diff", str(self.seeds["pth"]), str(path)])
+        return cmds
+
+
+def _torch_bytes(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _zip_members(data: bytes) -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return [(i.filename, zf.read(i)) for i in zf.infolist()]
+
+
+def _with_pkl(data: bytes, pkl: bytes) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
+        for name, body in _zip_members(data):
+            zf.writestr(name, pkl if name.endswith("/data.pkl") else body)
+    return out.getvalue()
+
+
+def mutate_pickle_ops(pkl: bytes, rng: random.Random) -> bytes:
+    """Opcode-level: parse the stream, then edit ops (never just bytes: each edit is a whole op)."""
+    try:
+        ops = [(op, arg, pos) for op, arg, pos in pickletools.genops(pkl)]
+    except Exception:
+        return pkl
+    bounds = [pos for _, _, pos in ops] + [len(pkl)]
+    spans = [pkl[bounds[i]:bounds[i + 1]] for i in range(len(ops))]
+    for _ in range(rng.randint(1, 4)):
+        i = rng.randrange(max(1, len(spans) - 1))
+        op = ops[min(i, len(ops) - 1)][0]
+        choice = rng.random()
+        if choice < 0.25 and op.name in ("BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT"):
+            val = rng.choice([0, -1, 2 ** 31 - 1, -2 ** 31, 2 ** 63, 10 ** 40, 255, 65535])
+            spans[i] = _int_op(val) if op.name != "BINFLOAT" else b"G" + struct.pack(">d", rng.choice(
+                [float("nan"), float("inf"), -0.0, 1e308]))
+        elif choice < 0.4:
+            del spans[i]
+        elif choice < 0.5:
+            spans.insert(i, spans[rng.randrange(len(spans))])
+        elif choice < 0.6:
+            depth = rng.choice([50, 1000, 100_000])
+            spans.insert(i, b"(" * depth + b"K\x01" + rng.choice([b"t", b"l"]) * depth)
+        elif choice < 0.7:
+            levels = rng.randint(20, 60)
+            spans.insert(i, b"K\x01" + b"2\x86" * levels)  # DUP + TUPLE2: a memo-free tuple DAG
+        elif choice < 0.8 and op.name in ("BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"):
+            text = rng.choice(["\x1b[2J", "a" * 300, "../../etc/passwd", "", "\udcff".encode("utf-8", "surrogatepass").decode("latin-1")])
+            raw = text.encode("utf-8", "surrogatepass")
+            spans[i] = b"X" + struct.pack("<I", len(raw)) + raw
+        elif choice < 0.9 and op.name in ("BINGET", "LONG_BINGET", "BINPUT", "LONG_BINPUT"):
+            spans[i] = op.code.encode("latin-1") + (bytes([rng.randrange(256)]) if op.name.startswith("BIN")
+                                                    else struct.pack("<I", rng.choice([0, 2 ** 31, 2 ** 32 - 1])))
+        else:
+            k = rng.randrange(len(spans))
+            spans[i], spans[k] = spans[k], spans[i]
+    return b"".join(spans)
+
+
+def _int_op(val: int) -> bytes:
+    if -2 ** 31 <= val < 2 ** 31:
+        return b"J" + struct.pack("<i", val)
+    raw = val.to_bytes((val.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+def gen_pickle(ctx: Ctx) -> list[list[str]]:
+    data = ctx.seeds["pth"].read_bytes()
+    pkl = dict(_zip_members(data))[next(n for n, _ in _zip_members(data) if n.endswith("/data.pkl"))]
+    out = ctx.work / "in.pth"
+    mutated = mutate_pickle_ops(pkl, ctx.rng)
+    out.write_bytes(_with_pkl(data, mutated) if ctx.rng.random() < 0.7 else mutated)
+    return ctx.commands(out)
+
+
+def gen_tree(ctx: Ctx) -> list[list[str]]:
+    import torch
+
+    if "tree" not in ctx.cache:
+        ctx.cache["tree"] = torch.load(ctx.seeds["pth"], weights_only=True)
+    tree = mutate_tree(_copy_tree(ctx.cache["tree"]), ctx.rng, ctx.rng.randint(1, 3))
+    out = ctx.work / "in.pth"
+    legacy = ctx.rng.random() < 0.2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.save(tree, out, _use_new_zipfile_serialization=not legacy)
+    return ctx.commands(out)
+
+
+def _copy_tree(tree: Any) -> Any:
+    """A structural copy (containers copied, tensors shared: mutation replaces, never edits them)."""
+    if isinstance(tree, dict):
+        return type(tree)((k, _copy_tree(v)) for k, v in tree.items())
+    if isinstance(tree, list):
+        return [_copy_tree(v) for v in tree]
+    return tree
+
+
+def gen_zip(ctx: Ctx) -> list[list[str]]:
+    data = bytearray(ctx.seeds["pth"].read_bytes())
+    rng = ctx.rng
+    for _ in range(rng.randint(1, 3)):
+        kind = rng.random()
+        heads = [i for i in range(len(data) - 4) if data[i:i + 4] in (b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06",
+                                                                    b"PK\x06\x06", b"PK\x06\x07")]
+        if not heads:
+            break
+        at = rng.choice(heads)
+        sig = bytes(data[at:at + 4])
+        if kind < 0.5:  # a header field: sizes, offsets, method, name length, extra length
+            fields = {b"PK\x03\x04": [8, 18, 22, 26, 28], b"PK\x01\x02": [10, 20, 24, 28, 30, 42],
+                      b"PK\x05\x06": [8, 10, 12, 16], b"PK\x06\x06": [24, 32, 40, 48], b"PK\x06\x07": [8]}.get(sig, [8])
+            off = at + rng.choice(fields)
+            width = 8 if sig in (b"PK\x06\x06", b"PK\x06\x07") else (2 if off - at in (8, 10, 26, 28, 30) else 4)
+            val = rng.choice([0, 1, 0xFFFFFFFF, 2 ** (8 * width) - 1, rng.randrange(2 ** (8 * min(width, 4))), 8])
+            data[off:off + width] = (val % 2 ** (8 * width)).to_bytes(width, "little")
+        elif kind < 0.6:  # a zip64 extra field claiming 4 EiB
+            if sig == b"PK\x01\x02":
+                data[at + 20:at + 28] = b"\xff" * 8
+                extra = struct.pack("<HHQQ", 1, 16, 1 << 62, 1 << 62)
+                nlen = int.from_bytes(data[at + 28:at + 30], "little")
+                elen = int.from_bytes(data[at + 30:at + 32], "little")
+                ins = at + 46 + nlen
+                data[ins:ins + elen] = extra
+                data[at + 30:at + 32] = len(extra).to_bytes(2, "little")
+        elif kind < 0.75:
+            cut = rng.randrange(len(data))
+            del data[cut:]
+        elif kind < 0.9:  # a name byte: traversal, control characters
+            if sig in (b"PK\x03\x04", b"PK\x01\x02"):
+                base = at + (30 if sig == b"PK\x03\x04" else 46)
+                data[base:base + 3] = rng.choice([b"../", b"\x1b[3", b"/et", b"\x00\x00\x00"])
+        else:
+            i = rng.randrange(len(data))
+            data[i] ^= 1 << rng.randrange(8)
+    out = ctx.work / "in.pth"
+    out.write_bytes(bytes(data))
+    return ctx.commands(out)
+
+
+def gen_safetensors(ctx: Ctx) -> list[list[str]]:
+    raw = ctx.seeds["safetensors"].read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    body = raw[8 + n:]
+    rng = ctx.rng
+    for _ in range(rng.randint(1, 3)):
+        name = rng.choice(list(header))
+        entry = header[name]
+        r = rng.random()
+        if name == "__metadata__" or not isinstance(entry, dict):
+            header[name] = hostile_value_json(rng)
+        elif r < 0.3:
+            entry["shape"] = rng.choice([[-1], [2 ** 62, 2 ** 62], [1] * 30_000, [10 ** 30], "x", None, [[1]],
+                                         [0], [len(body)], [2, 2 ** 40]])
+        elif r < 0.5:
+            entry["dtype"] = rng.choice(["F8_E4M3", "I128", "", 7, None, "\x1b[2J", "F64", "BOOL", "U64", "F4"])
+        elif r < 0.8:
+            entry["data_offsets"] = rng.choice([[0, 2 ** 63], [-1, 4], [5, 3], [0], "x", [0, len(body) + 1],
+                                                [0.5, 1], [10 ** 30, 10 ** 30 + 4]])
+        else:
+            header[rng.choice(["\x1b[31m", "", "a" * 1000, "x.weight"])] = copy.deepcopy(entry)
+    text = json.dumps(header).encode()
+    if rng.random() < 0.1:
+        text = text.replace(b"[", b"[" * 1000, 1)
+    length = len(text) if rng.random() < 0.85 else rng.choice([0, 2 ** 63, len(text) + 100, 7])
+    out = ctx.work / "in.safetensors"
+    out.write_bytes(length.to_bytes(8, "little", signed=False) + text + body)
+    return ctx.commands(out)
+
+
+def hostile_value_json(rng: random.Random) -> Any:
+    return rng.choice([None, True, -1, 2 ** 70, 10 ** 300, 1e308, "x", "\x1b[2J", [], {}, [1, 2], {"a": {"b": []}},
+                       "a" * 10_000, _deep_json(rng.choice([10, 150, 5000]))])
+
+
+def _deep_json(depth: int) -> Any:
+    node: Any = 1
+    for _ in range(depth):
+        node = [node]
+    return node
+
+
+def _copy_folder(src: Path, dst: Path) -> None:
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, symlinks=True)
+
+
+def gen_dcp(ctx: Ctx) -> list[list[str]]:
+    src = ctx.seeds["dcp"]
+    dst = ctx.work / "in_dcp"
+    _copy_folder(src, dst)
+    if "md" not in ctx.cache:
+        ctx.cache["md"] = (src / ".metadata").read_bytes()
+    md = pickle.loads(ctx.cache["md"])  # our own file, written by dcp.save above: trusted
+    rng = ctx.rng
+    for _ in range(rng.randint(1, 3)):
+        r = rng.random()
+        fqn = rng.choice(list(md.state_dict_metadata))
+        entry = md.state_dict_metadata[fqn]
+        if r < 0.25 and hasattr(entry, "size"):
+            object.__setattr__(entry, "size", rng.choice([[10 ** 300], [-1], [1] * 30_000, "x", None, [2 ** 62] * 2,
+                                                         [1.5], (3,)]))
+        elif r < 0.35 and hasattr(entry, "chunks"):
+            object.__setattr__(entry, "chunks", rng.choice([None, "x", [], [entry.chunks[0]] * 100, _dag(30)]))
+        elif r < 0.6 and md.storage_data:
+            key = rng.choice(list(md.storage_data))
+            info = md.storage_data[key]
+            field = rng.choice(["offset", "length", "relative_path"])
+            value = rng.choice([-1, 2 ** 63, float("inf"), "x", None, "../../etc/passwd", "/dev/zero", 10 ** 300,
+                                "__0_0.distcp", 0])
+            with contextlib.suppress(Exception):
+                object.__setattr__(info, field, value)
+        elif r < 0.75 and md.planner_data:
+            k = rng.choice(list(md.planner_data))
+            md.planner_data[k] = rng.choice([("model",) * 100_000, None, "x", (), ((1,),), (None,), _dag(25)])
+        elif r < 0.85:
+            md.state_dict_metadata[rng.choice([1, None, (0,), "\x1b[31m", "a" * 10000])] = entry
+        else:
+            md.state_dict_metadata[fqn] = hostile_value(rng) if rng.random() < 0.5 else md.state_dict_metadata[fqn]
+    try:
+        (dst / ".metadata").write_bytes(pickle.dumps(md))
+    except Exception:
+        (dst / ".metadata").write_bytes(mutate_pickle_ops(ctx.cache["md"], rng))
+    if rng.random() < 0.2:
+        distcp = next(dst.glob("*.distcp"))
+        data = bytearray(distcp.read_bytes())
+        i = rng.randrange(len(data))
+        data[i] ^= 0xFF
+        distcp.write_bytes(bytes(data))
+    return ctx.commands(dst)
+
+
+def gen_deepspeed(ctx: Ctx) -> list[list[str]]:
+    import torch
+
+    src = ctx.seeds.get("deepspeed")
+    if src is None:
+        return gen_tree(ctx)
+    dst = ctx.work / "in_ds"
+    _copy_folder(src, dst)
+    files = sorted(p for p in dst.rglob("*.pt"))
+    target = ctx.rng.choice(files)
+    key = str(target.relative_to(dst))
+    if key not in ctx.cache:
+        ctx.cache[key] = torch.load(target, weights_only=False)  # our own DeepSpeed run's file: trusted
+    tree = mutate_tree(_copy_tree(ctx.cache[key]), ctx.rng, ctx.rng.randint(1, 3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.save(tree, target)
+        except Exception:
+            pass
+    if ctx.rng.random() < 0.1:
+        (dst / "latest").write_text(ctx.rng.choice(["../..", "", "\x1b[2J", "global_step" + "9" * 200]))
+    return ctx.commands(dst)
+
+
+def gen_hf(ctx: Ctx) -> list[list[str]]:
+    src = ctx.seeds["hf"]
+    dst = ctx.work / "in_hf"
+    _copy_folder(src, dst)
+    rng = ctx.rng
+    for _ in range(rng.randint(1, 3)):
+        r = rng.random()
+        names = sorted(p.name for p in dst.iterdir())
+        name = rng.choice(names)
+        if r < 0.15:
+            p = dst / name
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+        elif r < 0.45:
+            doc_name = rng.choice(["config.json", "trainer_state.json", "model.safetensors.index.json", "ckptfix.json"])
+            doc = {"vocab_size": 48} if doc_name == "config.json" else {}
+            if doc_name.endswith("index.json"):
+                doc = {"metadata": {"total_size": 100}, "weight_map": {"text_embedding.weight": "model.safetensors"}}
+            doc = mutate_json(doc, rng)
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError, OSError):
+                (dst / doc_name).unlink()
+            (dst / doc_name).write_text(json.dumps(doc))
+        elif r < 0.6:
+            link = dst / rng.choice(["extra.bin", "notes.txt", "model.safetensors", "optimizer.pt", "subdir"])
+            with contextlib.suppress(FileNotFoundError, IsADirectoryError):
+                if link.is_dir() and not link.is_symlink():
+                    shutil.rmtree(link)
+                else:
+                    link.unlink()
+            os.symlink(rng.choice(["/dev/zero", "/etc/hostname", str(ctx.seeds["pth"]), "..", "missing", "/proc/self"]), link)
+        elif r < 0.7:
+            p = dst / rng.choice(["zz.fifo", "trainer_state.json", "scaler.pt"])
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            os.mkfifo(p)
+        else:  # a training file replaced by a mutated tree
+            import torch
+
+            which = rng.choice(["optimizer.pt", "scheduler.pt", "scaler.pt"])
+            with contextlib.suppress(Exception):
+                tree = torch.load(src / which, weights_only=True)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    with contextlib.suppress(FileNotFoundError):
+                        (dst / which).unlink()
+                    torch.save(mutate_tree(_copy_tree(tree), rng, rng.randint(1, 3)), dst / which)
+    return ctx.commands(dst)
+
+
+def mutate_json(doc: Any, rng: random.Random, rounds: int = 2) -> Any:
+    for _ in range(rounds):
+        nodes: list[Any] = []
+        stack = [doc]
+        while stack and len(nodes) < 2000:
+            node = stack.pop()
+            if isinstance(node, dict):
+                nodes.append(node)
+                stack.extend(node.values())
+            elif isinstance(node, list):
+                nodes.append(node)
+                stack.extend(node)
+        if not nodes:
+            return hostile_value_json(rng)
+        node = rng.choice(nodes)
+        if isinstance(node, dict):
+            key = rng.choice(list(node)) if node and rng.random() < 0.8 else rng.choice(["\x1b[2J", "vocab_size", "x"])
+            node[key] = hostile_value_json(rng)
+        elif node:
+            node[rng.randrange(len(node))] = hostile_value_json(rng)
+    return doc
+
+
+def _tok_commands(ctx: Ctx, tok: Path) -> list[list[str]]:
+    cmds = [["inspect", str(ctx.seeds["pth"]), "--tokenizer", str(tok), *(["--json"] if ctx.rng.random() < 0.3 else [])]]
+    if ctx.rng.random() < 0.2:
+        cmds.append(["repair", str(ctx.seeds["pth"]), "--tokenizer", str(tok), "-o", str(ctx.work / "out.pth"),
+                     "--init", "zeros"])
+    if ctx.rng.random() < 0.1:
+        cmds.append(["repair", str(ctx.seeds["pth"]), "--tokenizer", str(ctx.seeds["sentencepiece"]),
+                     "--from-tokenizer", str(tok), "--dry-run"])
+    return cmds
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _proto_fields(data: bytes) -> list[tuple[int, int, int]]:
+    """(start, end, field number) of top-level protobuf fields; stops at damage."""
+    out, pos = [], 0
+    try:
+        while pos < len(data):
+            start = pos
+            key, pos = _read_varint(data, pos)
+            wire = key & 7
+            if wire == 0:
+                _, pos = _read_varint(data, pos)
+            elif wire == 2:
+                n, pos = _read_varint(data, pos)
+                pos += n
+            elif wire == 5:
+                pos += 4
+            elif wire == 1:
+                pos += 8
+            else:
+                break
+            out.append((start, pos, key >> 3))
+    except Exception:
+        pass
+    return out
+
+
+def gen_sentencepiece(ctx: Ctx) -> list[list[str]]:
+    data = bytearray(ctx.seeds["sentencepiece"].read_bytes())
+    rng = ctx.rng
+    fields = _proto_fields(bytes(data))
+    for _ in range(rng.randint(1, 3)):
+        if not fields:
+            break
+        start, end, num = rng.choice(fields)
+        r = rng.random()
+        if r < 0.3:  # a length prefix set to something else
+            key_len = len(_varint((num << 3) | 2))
+            data[start + key_len:start + key_len + 1] = _varint(rng.choice([0, 1, 127, 2 ** 31, 2 ** 63, 2 ** 70]))
+        elif r < 0.5:
+            del data[start:end]
+        elif r < 0.65:
+            data[start:start] = data[start:end] * rng.choice([2, 100, 5000])
+        elif r < 0.8:  # a piece string with control characters / huge
+            piece = rng.choice([b"\x1b[2J", b"\xff\xfe", b"a" * 70000, b""])
+            inner = b"\x0a" + _varint(len(piece)) + piece + b"\x15\x00\x00\x00\x00\x18" + bytes([rng.randrange(7)])
+            data[start:end] = b"\x0a" + _varint(len(inner)) + inner
+        else:
+            cut = rng.randrange(len(data))
+            del data[cut:]
+        fields = _proto_fields(bytes(data))
+    out = ctx.work / rng.choice(["tok.model", "tokenizer.model.v3", "x.bin"])
+    out.write_bytes(bytes(data))
+    return _tok_commands(ctx, out)
+
+
+def gen_tokenizer_json(ctx: Ctx) -> list[list[str]]:
+    if "tj" not in ctx.cache:
+        ctx.cache["tj"] = ctx.seeds["tokenizer_json"].read_text()
+    doc = json.loads(ctx.cache["tj"])
+    rng = ctx.rng
+    r = rng.random()
+    if r < 0.3:
+        vocab = doc["model"]["vocab"]
+        key = rng.choice(list(vocab))
+        vocab[key if rng.random() < 0.7 else rng.choice(["\x1b[2J", "", "a" * 10000])] = rng.choice(
+            [-1, 2 ** 40, 2 ** 24, 10 ** 300, "x", None, 1.5, [1], True, 0])
+    elif r < 0.55:
+        doc["added_tokens"] = rng.choice([None, "x", [{"id": 2 ** 40, "content": "a"}], [{"id": -1, "content": "b"}],
+                                          [{"id": 5, "content": None}], [{"content": "\x1b[31m", "id": 70,
+                                                                         "special": "yes"}] * 3, [1, 2, 3]])
+    else:
+        doc = mutate_json(doc, rng, rng.randint(1, 3))
+    text = json.dumps(doc)
+    if rng.random() < 0.1:
+        text = text.replace('"vocab"', '"vocab": {"x": ' + "9" * rng.choice([400, 5000]) + '}, "_v"', 1)
+    out = ctx.work / "tokenizer.json"
+    out.write_text(text)
+    return _tok_commands(ctx, out)
+
+
+def gen_tokenizer_folder(ctx: Ctx) -> list[list[str]]:
+    src = ctx.seeds["tokenizer_folder"]
+    dst = ctx.work / "in_tok"
+    _copy_folder(src, dst)
+    rng = ctx.rng
+    names = sorted(p.name for p in dst.iterdir())
+    for _ in range(rng.randint(1, 3)):
+        r = rng.random()
+        name = rng.choice(names + ["vocab.txt", "special_tokens_map.json", "added_tokens.json"])
+        p = dst / name
+        if r < 0.5 and name.endswith(".json"):
+            try:
+                doc = json.loads(p.read_text())
+            except Exception:
+                doc = {}
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            p.write_text(json.dumps(mutate_json(doc, rng)))
+        elif r < 0.65:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            if name == "vocab.txt":
+                p.write_text("\n".join(rng.choice(["[PAD]", "\x1b[2J", "", "a" * 1000, "w"]) for _ in range(60)))
+        elif r < 0.75:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            os.symlink(rng.choice(["/dev/zero", "/dev/urandom", "..", "missing", "/etc/hostname"]), p)
+        elif r < 0.85:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            os.mkfifo(p)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+            p.write_bytes(os.urandom(rng.randint(0, 3000)))
+    return _tok_commands(ctx, dst)
+
+
+GENERATORS: dict[str, Callable[[Ctx], list[list[str]]]] = {
+    "pickle": gen_pickle, "tree": gen_tree, "zip": gen_zip, "safetensors": gen_safetensors, "dcp": gen_dcp,
+    "deepspeed": gen_deepspeed, "hf": gen_hf, "sentencepiece": gen_sentencepiece,
+    "tokenizer_json": gen_tokenizer_json, "tokenizer_folder": gen_tokenizer_folder,
+}
+
+
+# --- the runner -----------------------------------------------------------------------------------
+
+class _Hang(BaseException):
+    pass
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _Hang()
+
+
+def _snapshot(paths: list[Path]) -> dict[str, tuple[int, int, str]]:
+    """size, mtime and sha256 of every file under `paths` (links: their target text)."""
+    out = {}
+    for root in paths:
+        items = [root] if not root.is_dir() or root.is_symlink() else [root, *root.rglob("*")]
+        for p in items:
+            if p.is_symlink():
+                out[str(p)] = (0, 0, "link:" + os.readlink(p))
+            elif p.is_file():
+                st = p.stat()
+                out[str(p)] = (st.st_size, st.st_mtime_ns, hashlib.sha256(p.read_bytes()).hexdigest())
+            elif p.exists() and not p.is_dir():
+                out[str(p)] = (0, 0, "special")
+    return out
+
+
+def _vm_hwm() -> int:
+    """Peak resident memory of this process since the last reset (bytes; 0 where /proc lacks it)."""
+    with contextlib.suppress(OSError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_hwm() -> None:
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
+    """One CLI run in this process: exit code, output, seconds, peak memory, and what it changed."""
+    from ckptfix.checkpoint import release_maps
+    from ckptfix.cli import main
+
+    before = _snapshot(watched)
+    listing = sorted(os.listdir(work))
+    out, err = io.StringIO(), io.StringIO()
+    code: Any = None
+    tracemalloc.reset_peak()
+    py_base = tracemalloc.get_traced_memory()[0]
+    _reset_hwm()
+    base_rss = _vm_hwm()
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT * 4)
+    t = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            main(argv)
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except _Hang:
+        code = "hang"
+    except BaseException as exc:  # noqa: BLE001 - a crash is a finding, not the end of the run
+        code = f"escaped:{type(exc).__name__}: {exc}"[:300]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    seconds = time.perf_counter() - t
+    release_maps()
+    peak_py = tracemalloc.get_traced_memory()[1] - py_base
+    peak_rss = max(0, _vm_hwm() - base_rss)
+    after = _snapshot(watched)
+    outputs = {"out", "out.pth", "out.safetensors", "out.ckptfix.json", "out.pth.ckptfix.json",
+               "out.safetensors.ckptfix.json"}
+    new = sorted(set(os.listdir(work)) - set(listing) - outputs)
+    return {"argv": argv, "code": code, "seconds": seconds, "peak_py": peak_py, "peak_rss": peak_rss,
+            "stdout": out.getvalue()[-2000:], "stderr": err.getvalue()[-2000:],
+            "changed": sorted(k for k in before if before[k] != after.get(k)), "stray": new}
+
+
+def problems(r: dict[str, Any], input_bytes: int) -> list[str]:
+    found = []
+    if r["code"] not in (0, 1, 2):
+        found.append(f"exit {r['code']}")
+    if "Traceback" in r["stderr"] + r["stdout"] or "internal error" in r["stderr"]:
+        found.append("traceback or internal error")
+    if r["seconds"] > TIME_LIMIT:
+        found.append(f"{r['seconds']:.1f} s")
+    if input_bytes < (1 << 20) and max(r["peak_py"], r["peak_rss"]) > MEM_LIMIT:
+        found.append(f"peak {max(r['peak_py'], r['peak_rss']) >> 20} MB")
+    if r["changed"]:
+        found.append(f"input changed: {r['changed'][:3]}")
+    if r["stray"]:
+        found.append(f"stray files: {r['stray'][:3]}")
+    if r["code"] == 2 and len(r["stderr"].strip().splitlines()) != 1:
+        found.append("exit 2 without exactly one error line")
+    if any(c in r["stdout"] + r["stderr"] for c in "\x1b\x07\x9b"):
+        found.append("raw terminal control characters")
+    return found
+
+
+def _size(paths: list[Path]) -> int:
+    total = 0
+    for p in paths:
+        if p.is_dir() and not p.is_symlink():
+            total += sum(q.stat().st_size for q in p.rglob("*") if q.is_file() and not q.is_symlink())
+        elif p.is_file():
+            total += p.stat().st_size
+    return total
+
+
+def run(fmt: str, n: int, seed: int, seeds: dict[str, Path], scratch: Path, *, until: float | None = None,
+        log: Callable[[dict], None] | None = None) -> tuple[int, int, list[dict]]:
+    """n inputs of one format (or until the wall clock passes `until`): (inputs, runs, failures)."""
+    gen = GENERATORS[fmt]
+    rng = random.Random(seed)
+    failures: list[dict] = []
+    if not tracemalloc.is_tracing():
+        tracemalloc.start()
+    inputs = runs = 0
+    for i in range(n):
+        if until is not None and time.time() > until:
+            break
+        work = scratch / f"w{fmt}"
+        if work.exists():
+            _rmtree(work)
+        work.mkdir(parents=True)
+        ctx = Ctx(seeds, work, rng)
+        ctx.cache = _CACHES.setdefault(fmt, {})
+        try:
+            cmds = gen(ctx)
+        except Exception as exc:  # the mutator itself failed: not ckptfix's fault, count it apart
+            failures.append({"format": fmt, "i": i, "generator_error": repr(exc)[:300]})
+            continue
+        inputs += 1
+        watched = [p for p in work.iterdir() if not p.name.startswith("out")] + [seeds[k] for k in
+                                                                                 ("pth", "sentencepiece")]
+        size = _size([p for p in work.iterdir() if not p.name.startswith("out")])
+        for argv in cmds:
+            runs += 1
+            r = run_one(argv, watched, work)
+            found = problems(r, size)
+            if found:
+                failure = {"format": fmt, "i": i, "seed": seed, "problems": found, **r}
+                failures.append(failure)
+                keep = scratch / "failures" / f"{fmt}-{seed}-{i}"
+                if not keep.exists():
+                    shutil.copytree(work, keep, symlinks=True, ignore=_skip_special)
+                if log:
+                    log(failure)
+    return inputs, runs, failures
+
+
+_CACHES: dict[str, dict] = {}
+
+
+def _skip_special(folder: str, names: list[str]) -> list[str]:
+    import stat as st
+
+    return [n for n in names if not (os.path.islink(os.path.join(folder, n)) or
+                                     st.S_ISREG(os.lstat(os.path.join(folder, n)).st_mode) or
+                                     st.S_ISDIR(os.lstat(os.path.join(folder, n)).st_mode))]
+
+
+def _rmtree(path: Path) -> None:
+    for p in sorted(path.rglob("*"), key=lambda q: -len(q.parts)):
+        if p.is_symlink() or not p.is_dir():
+            p.unlink()
+        else:
+            p.rmdir()
+    path.rmdir()
+
+
+def main(argv: list[str]) -> int:
+    fmt, n = argv[0], int(argv[1])
+    seed = int(argv[2]) if len(argv) > 2 and not argv[2].startswith("--") else 0
+    until = None
+    if "--until" in argv:
+        hh, mm = argv[argv.index("--until") + 1].split(":")
+        now = time.gmtime()
+        until = time.mktime(time.struct_time((now.tm_year, now.tm_mon, now.tm_mday, int(hh), int(mm), 0, 0, 0, 0))) \
+            - time.timezone
+    scratch = Path(os.environ.get("FUZZ_DIR") or tempfile.mkdtemp(prefix="ckptfix-fuzz-"))
+    seed_dir = scratch / "seeds"
+    seeds = make_seeds(seed_dir, deepspeed=fmt == "deepspeed") if not (seed_dir / "seeds.json").exists() else \
+        {k: Path(v) for k, v in json.loads((seed_dir / "seeds.json").read_text()).items()}
+    (seed_dir / "seeds.json").write_text(json.dumps({k: str(v) for k, v in seeds.items()}))
+    logf = open(scratch / f"failures-{fmt}.jsonl", "a")
+    t0 = time.time()
+    total_inputs = total_runs = fails = 0
+    worst = 0.0
+    chunk = 200
+    done = 0
+    while done < n and (until is None or time.time() < until):
+        inputs, runs, failures = run(fmt, min(chunk, n - done), seed + done, seeds, scratch, until=until,
+                                     log=lambda f: (logf.write(json.dumps(f, default=str) + "\n"), logf.flush()))
+        done += chunk
+        total_inputs += inputs
+        total_runs += runs
+        fails += sum(1 for f in failures if "problems" in f)
+        print(json.dumps({"format": fmt, "inputs": total_inputs, "runs": total_runs, "failures": fails,
+                          "elapsed_s": round(time.time() - t0, 1)}), flush=True)
+    del worst
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
