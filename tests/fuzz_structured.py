@@ -900,6 +900,10 @@ def main(argv: list[str]) -> int:
     seed_dir = scratch / "seeds"
     seeds = make_seeds(seed_dir, deepspeed=fmt == "deepspeed") if not (seed_dir / "seeds.json").exists() else \
         {k: Path(v) for k, v in json.loads((seed_dir / "seeds.json").read_text()).items()}
+    if fmt == "deepspeed" and "deepspeed" not in seeds:
+        ds = _deepspeed_seed(seed_dir / "ds")
+        if ds is not None:
+            seeds["deepspeed"] = ds
     (seed_dir / "seeds.json").write_text(json.dumps({k: str(v) for k, v in seeds.items()}))
     logf = open(scratch / f"failures-{fmt}.jsonl", "a")
     t0 = time.time()
