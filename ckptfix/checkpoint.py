@@ -72,6 +72,13 @@ class TensorInfo:
     def contiguous_stride(self) -> tuple[int, ...]:
         return contiguous_stride(self.shape)
 
+    def repeats_storage(self) -> bool:
+        """Whether the view has more elements than the distinct storage elements it addresses (stride 0,
+        as `expand()` makes, or overlapping strides): its element count is not backed by bytes."""
+        if self.stride is None or self.numel == 0:
+            return False
+        return self.numel > sum((d - 1) * s for d, s in zip(self.shape, self.stride)) + 1
+
     def read(self) -> np.ndarray:
         """The values as a numpy array (bfloat16 widened to float32; float8 as raw uint8)."""
         return widen_stored(self.read_stored(), self.dtype)
@@ -195,6 +202,29 @@ def _read_numpy(tensor: TensorInfo) -> np.ndarray:
         storage[tensor.offset:] if tensor.numel else storage, shape=tensor.shape,
         strides=tuple(s * itemsize for s in stride), writeable=False)
     return view
+
+
+def collapse_repeats(array: np.ndarray, keep: tuple[int, ...] | None = None) -> tuple[np.ndarray, int]:
+    """`array` with its stride-0 dimensions (an `expand()`ed view: every value repeats along them) cut
+    to length 1, and how many elements of `array` each remaining element stands for. Dimensions in
+    `keep` are never cut. A 4M x 64 view of one 64-value row is read as 64 values, never materialised."""
+    index, weight = [], 1
+    for dim, (size, stride) in enumerate(zip(array.shape, array.strides)):
+        if stride == 0 and size > 1 and (keep is None or dim not in keep):
+            index.append(slice(0, 1))
+            weight *= size
+        else:
+            index.append(slice(None))
+    return (array[tuple(index)], weight) if weight > 1 else (array, 1)
+
+
+def overlaps_itself(array: np.ndarray) -> bool:
+    """Whether a (non-negative-stride) view addresses fewer distinct bytes than it has elements: reading
+    it element by element would cost more than the bytes present (an overlapping `as_strided` view)."""
+    if array.size == 0:
+        return False
+    span = sum((d - 1) * s for d, s in zip(array.shape, array.strides)) // max(array.itemsize, 1) + 1
+    return array.size > span
 
 
 def widen_stored(array: np.ndarray, dtype: str) -> np.ndarray:

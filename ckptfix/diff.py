@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from ckptfix.checkpoint import Checkpoint, TensorInfo, widen_stored
-from ckptfix.errors import CkptfixError
+from ckptfix.checkpoint import Checkpoint, TensorInfo, collapse_repeats, overlaps_itself, widen_stored
+from ckptfix.errors import CkptfixError, UnreadableCheckpoint
 from ckptfix.formats import read_checkpoint
 from ckptfix.mapping import map_optimizer
 
@@ -167,13 +167,14 @@ def compare(ta: TensorInfo, tb: TensorInfo, entry: TensorDiff, atol: float) -> N
     max_abs, diff_sq, base_sq = 0.0, 0.0, 0.0
     numeric = not ta.dtype.startswith("float8")  # float8 arrive as raw codes: equality only
     try:
-        for xa, xb in zip(_chunks(ta), _chunks(tb)):
+        raw_a, raw_b, weight = _distinct(ta, tb)
+        for xa, xb in zip(_chunks(ta, raw_a), _chunks(tb, raw_b)):
             with np.errstate(invalid="ignore", over="ignore"):
                 same = (xa == xb) | (np.isnan(xa) & np.isnan(xb))
                 delta = np.nan_to_num(np.where(same, 0.0, np.abs(xa - xb)), nan=np.inf)  # NaN on one side only
                 max_abs = max(max_abs, float(delta.max(initial=0.0)))
-                diff_sq += float(np.sum(np.square(delta)))
-                base_sq += float(np.sum(np.square(np.abs(np.nan_to_num(xa, nan=0.0, posinf=0.0, neginf=0.0)))))
+                diff_sq += weight * float(np.sum(np.square(delta)))
+                base_sq += weight * float(np.sum(np.square(np.abs(np.nan_to_num(xa, nan=0.0, posinf=0.0, neginf=0.0)))))
     except CkptfixError as exc:
         entry.status, entry.detail = "unreadable", str(exc)
         return
@@ -183,9 +184,23 @@ def compare(ta: TensorInfo, tb: TensorInfo, entry: TensorDiff, atol: float) -> N
         entry.rel_change = math.sqrt(diff_sq) / math.sqrt(base_sq) if base_sq > 0 else (0.0 if diff_sq == 0 else math.inf)
 
 
-def _chunks(t: TensorInfo) -> Iterator[np.ndarray]:
-    """The values of `t` as float64 (complex stays complex), at most CHUNK_ELEMENTS at a time."""
-    raw = t.read_stored()  # bfloat16 as its bits: widened per chunk, not whole
+def _distinct(ta: TensorInfo, tb: TensorInfo) -> tuple[np.ndarray, np.ndarray, int]:
+    """Both sides' stored values with the dimensions along which both repeat (stride 0, `expand()`)
+    read once, and how many elements each compared pair stands for. A side that still addresses fewer
+    bytes than elements (an overlapping view) is not compared element by element: refused."""
+    a, b = ta.read_stored(), tb.read_stored()
+    both = tuple(d for d, (sa, sb) in enumerate(zip(a.strides, b.strides)) if sa == 0 and sb == 0)
+    keep = tuple(d for d in range(a.ndim) if d not in both)
+    (a, weight), (b, _) = collapse_repeats(a, keep), collapse_repeats(b, keep)
+    if overlaps_itself(a) and overlaps_itself(b):  # one real side bounds the work; two repeated ones do not
+        raise UnreadableCheckpoint(f"{ta.name}: both sides are views that repeat or overlap their storage "
+                                   f"(strides {list(ta.stride or ())}, {list(tb.stride or ())}); not compared "
+                                   "element by element")
+    return a, b, weight
+
+
+def _chunks(t: TensorInfo, raw: np.ndarray) -> Iterator[np.ndarray]:
+    """The values of `t` (`raw`: as stored) as float64 (complex stays complex), at most CHUNK_ELEMENTS at a time."""
     if raw.flags.c_contiguous:  # the common case: a flat view, no copy
         flat = raw.reshape(-1)
         for i in range(0, flat.size, CHUNK_ELEMENTS):

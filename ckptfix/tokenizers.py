@@ -398,7 +398,7 @@ def _decode(path: Path, data: bytes) -> str:
 
 
 def _parse_json(path: Path, data: bytes) -> Any:
-    return parse_json(data, str(path), error=TokenizerError)  # bounded digits and nesting
+    return parse_json(data, str(path), error=TokenizerError, bad="invalid JSON")  # bounded digits and nesting
 
 
 def _read_json(path: Path) -> Any:

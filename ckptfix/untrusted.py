@@ -123,23 +123,23 @@ def _bounded_int(text: str) -> int:
     return int(text)
 
 
-def parse_json(data: bytes, origin: str, *, error: type[Exception] = UnreadableCheckpoint) -> Any:
+def parse_json(data: bytes, origin: str, *, error: type[Exception] = UnreadableCheckpoint,
+               bad: str = "not valid JSON") -> Any:
     """JSON from an input: UTF-8 (a BOM allowed), integers of at most MAX_JSON_DIGITS digits, nesting
-    at most MAX_JSON_DEPTH deep. `NaN`/`Infinity` (Python's json writes them) are kept."""
+    at most MAX_JSON_DEPTH deep. `NaN`/`Infinity` (Python's json writes them) are kept. Errors read
+    "<origin>: <bad> (<why>)"."""
     shown = escape(origin)
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise error(f"{shown}: not UTF-8 text (byte {exc.start})") from None
+        raise error(f"{shown}: {bad} (not UTF-8 text, byte {exc.start})") from None
     depth = _json_depth(text)
     if depth > MAX_JSON_DEPTH:
-        raise error(f"{shown}: invalid JSON (nested {depth} deep; at most {MAX_JSON_DEPTH})")
+        raise error(f"{shown}: {bad} (nested {depth} deep; at most {MAX_JSON_DEPTH})")
     try:
         return json.loads(text, parse_int=_bounded_int)
-    except json.JSONDecodeError as exc:
-        raise error(f"{shown}: invalid JSON: {escape(exc, MAX_TEXT)}") from None
-    except (ValueError, RecursionError) as exc:
-        raise error(f"{shown}: invalid JSON ({escape(exc, MAX_TEXT)})") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so is a too-long number
+        raise error(f"{shown}: {bad} ({escape(exc, MAX_TEXT)})") from None
 
 
 def _json_depth(text: str) -> int:
@@ -163,9 +163,9 @@ def _json_depth(text: str) -> int:
 
 
 def load_json_file(path: str | os.PathLike, *, limit: int = MAX_JSON_BYTES, what: str = "JSON file",
-                   error: type[Exception] = UnreadableCheckpoint) -> Any:
+                   error: type[Exception] = UnreadableCheckpoint, bad: str = "not valid JSON") -> Any:
     """A JSON file from an input folder: regular, bounded, parsed with `parse_json`'s limits."""
-    return parse_json(read_bounded(path, limit, what=what, error=error), os.fspath(path), error=error)
+    return parse_json(read_bounded(path, limit, what=what, error=error), os.fspath(path), error=error, bad=bad)
 
 
 # --- values -----------------------------------------------------------------------------------------

@@ -298,3 +298,29 @@ def test_dcp_metadata_deeply_nested_planner_path(tmp_path):
     meta.write_bytes(pickle.dumps(md))
     r = mc.run_batch([{"id": 0, "argv": ["inspect", str(tmp_path / "dcp")]}], cwd=tmp_path, timeout=10)[0]
     assert r["code"] == 2 and r["stderr"].strip().startswith(f"{ERR}{meta}: planner_data"), r
+
+
+# --- views whose element count is not backed by bytes ----------------------------------------------
+
+def test_stride_0_views_are_never_materialised(base, tmp_path):
+    """A 4M x 64 embedding that is one 64-value row expanded (16 KB of bytes, 1 GB if materialised):
+    --scan counts its NaN exactly (times the repeats), diff compares it, repair refuses to resize it."""
+    row = torch.zeros(64)
+    row[3] = float("nan")
+    big = {"model.embed_tokens.weight": row.as_strided((4_000_000, 64), (0, 1)), "x": torch.zeros(2)}
+    torch.save({"model": big}, tmp_path / "s0.pth")
+    out = mc.run_batch([
+        {"id": "scan", "argv": ["inspect", str(tmp_path / "s0.pth"), "--scan", "--json"]},
+        {"id": "diff", "argv": ["diff", str(tmp_path / "s0.pth"), str(tmp_path / "s0.pth"), "--json"]},
+        {"id": "repair", "argv": ["repair", str(tmp_path / "s0.pth"), "-t", str(base["tok"]), "-o",
+                                  str(tmp_path / "out.pth")]},
+    ], cwd=tmp_path, timeout=15)
+    import json
+
+    scan = json.loads(out["scan"]["stdout"])
+    assert out["scan"]["code"] == 1 and "model.embed_tokens.weight (4000000)" in json.dumps(scan["findings"])
+    assert out["diff"]["code"] == 1 and json.loads(out["diff"]["stdout"])["summary"]["unchanged"] == 2
+    assert (out["repair"]["code"], out["repair"]["stderr"].strip()) == (2, (
+        f"{ERR}{tmp_path / 's0.pth'}: model.embed_tokens.weight is a view that repeats its storage (strides "
+        "[0, 1], e.g. from expand()); save it with .contiguous() before repairing it"))
+    assert sorted(os.listdir(tmp_path)) == ["s0.pth"]

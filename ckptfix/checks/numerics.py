@@ -6,7 +6,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ckptfix.checkpoint import TensorInfo
+from ckptfix.checkpoint import TensorInfo, collapse_repeats, overlaps_itself, widen_stored
 from ckptfix.checks import Context, Finding, check, finding
 
 CHUNK = 1 << 22  # elements per read: bounded memory whatever the tensor size
@@ -16,9 +16,29 @@ def non_finite_count(tensor: TensorInfo) -> int:
     """How many elements are NaN or +-Inf, reading the tensor in bounded chunks."""
     if not tensor.is_float or tensor.dtype.startswith("float8") or tensor.numel == 0:
         return 0
-    values = tensor.read().reshape(-1)
-    return sum(int(chunk.size - np.count_nonzero(np.isfinite(chunk)))
-               for chunk in (values[i:i + CHUNK] for i in range(0, values.size, CHUNK)))
+    values, weight = collapse_repeats(tensor.read_stored())  # an expanded view: its distinct values once
+    if overlaps_itself(values):  # an overlapping view: the storage span it covers, each element once
+        span = sum((d - 1) * s for d, s in zip(values.shape, values.strides)) // values.itemsize + 1
+        values, weight = np.lib.stride_tricks.as_strided(values, (span,), (values.itemsize,), writeable=False), 1
+    values = widen_stored(values, tensor.dtype)
+    return weight * sum(int(chunk.size - np.count_nonzero(np.isfinite(chunk))) for chunk in _blocks(values, CHUNK))
+
+
+def _blocks(values: np.ndarray, chunk: int) -> Iterator[np.ndarray]:
+    """`values` as 1-D pieces of at most `chunk` elements, copying at most one piece at a time."""
+    if values.ndim <= 1 or values.flags.c_contiguous:
+        flat = values.reshape(-1)
+        for i in range(0, flat.size, chunk):
+            yield flat[i:i + chunk]
+        return
+    inner = max(1, int(np.prod(values.shape[1:], dtype=np.float64)))
+    if inner > chunk:  # one row is larger than a piece: split the rows themselves
+        for row in values:
+            yield from _blocks(row, chunk)
+        return
+    step = max(1, chunk // inner)
+    for i in range(0, values.shape[0], step):
+        yield values[i:i + step].reshape(-1)
 
 
 def _scan(ctx: Context, tensors: list[TensorInfo], label: str) -> dict[str, int]:

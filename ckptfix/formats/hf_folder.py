@@ -9,7 +9,6 @@ import) for a few hyperparameters. `rng_state*.pth` is left unread.
 from __future__ import annotations
 
 import glob
-import json
 import os
 from typing import Any
 
@@ -132,12 +131,6 @@ def _json(folder: str, name: str) -> Any:
 
 
 def _load_json(file: str) -> Any:
-    from ckptfix.formats import open_regular
+    from ckptfix.untrusted import load_json_file
 
-    try:
-        with open_regular(file) as f:
-            return json.loads(f.read().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, OSError) as exc:
-        raise UnreadableCheckpoint(f"{file}: not valid JSON ({exc})") from None
-    except (ValueError, RecursionError) as exc:  # a number too long to convert, nesting too deep
-        raise UnreadableCheckpoint(f"{file}: not valid JSON ({type(exc).__name__})") from None
+    return load_json_file(file)  # regular files only, bounded size, digits and nesting

@@ -164,6 +164,12 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     if not vocab:
         raise RepairError(f"{ckpt.path}: no embedding or LM-head tensor found to resize "
                           "(names like embed_tokens/wte/lm_head, or 2-D tensors with the vocab's row count)")
+    for v in vocab:  # resizing copies every row: an expand()ed view would be materialised, row by row
+        views = [ckpt.model[v.name], *v.moments.values()]
+        if any(t.repeats_storage() for t in views):
+            raise RepairError(f"{ckpt.path}: {v.name} is a view that repeats its storage (strides "
+                              f"{list(ckpt.model[v.name].stride or ())}, e.g. from expand()); save it with "
+                              ".contiguous() before repairing it")
     target, why = target_rows(tokenizer.size, max(v.rows for v in vocab), pad_to=pad_to_multiple_of,
                               config_vocab=config_vocab_size(ckpt.extras.get("config")),
                               old_tokens=from_tokenizer.size if from_tokenizer is not None else None)
