@@ -831,8 +831,19 @@ def run(fmt: str, n: int, seed: int, seeds: dict[str, Path], scratch: Path, *, u
     gen = GENERATORS[fmt]
     rng = random.Random(seed)
     failures: list[dict] = []
-    if not tracemalloc.is_tracing():
+    started = not tracemalloc.is_tracing()
+    if started:
         tracemalloc.start()
+    try:
+        return _run(fmt, n, gen, rng, seeds, scratch, failures, until, log, seed)
+    finally:
+        if started:  # tracing slows every later allocation: never leave it on for the caller
+            tracemalloc.stop()
+
+
+def _run(fmt: str, n: int, gen: Callable, rng: random.Random, seeds: dict[str, Path], scratch: Path,
+         failures: list[dict], until: float | None, log: Callable[[dict], None] | None,
+         seed: int) -> tuple[int, int, list[dict]]:
     inputs = runs = 0
     for i in range(n):
         if until is not None and time.time() > until:
