@@ -106,8 +106,10 @@ def read_bounded(path: str | os.PathLike, limit: int, *, what: str = "file",
         if size > limit:
             raise error(f"{escape(os.fspath(path))}: {what} of {size:,} bytes is larger than ckptfix reads "
                         f"({limit >> 20} MiB); not a real {what}?")
-        try:
-            data = f.read(limit + 1)
+        try:  # read(n) allocates n bytes up front: ask for what the file holds, not the cap
+            data = f.read(size + 1)
+            while len(data) <= limit and (more := f.read(1 << 20)):
+                data += more
         except OSError as exc:
             raise error(f"{escape(os.fspath(path))}: cannot read ({exc.strerror or exc})") from None
     if len(data) > limit:  # grew while we read

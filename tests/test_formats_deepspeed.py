@@ -152,3 +152,25 @@ def test_strict_reader_still_refuses_unknown_classes(ds_dir, tmp_path):
 def test_repair_unsupported_points_at_ds_to_universal(ds_dir):
     message = deepspeed_folder.repair_unsupported(str(ds_dir / "s2"))
     assert "ds_to_universal" in message and "global_step3" in message
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("partition_count", float("inf"), "partition_count: expected an integer in [1, 1048576], got inf"),
+    ("base_optimizer_state", {"state": [1, 2], "param_groups": []}, "base_optimizer_state.state: expected a dict, got a list"),
+    ("base_optimizer_state", {"state": {0: 5}, "param_groups": []}, "base optimizer state[0]: expected a dict, got 5"),
+    ("param_slice_mappings", 7, "param_slice_mappings: expected a list of at most 16,777,216 items, got 7"),
+])
+def test_wrong_typed_partition_fields_are_one_line_exit_2(ds_dir, tmp_path, field, value, message):
+    """Issue 19: a real ZeRO-2 save with one optim-states field of the wrong type: exit 2 naming it."""
+    import shutil
+
+    import malicious_corpus as mc
+
+    src = tmp_path / "s2"
+    shutil.copytree(ds_dir / "s2", src)
+    optim = next((src / "global_step3").glob("*optim_states.pt"))
+    tree = torch.load(optim, weights_only=False)  # our own DeepSpeed run's file
+    tree["optimizer_state_dict"][field] = value
+    torch.save(tree, optim)
+    r = mc.run_batch([{"id": 0, "argv": ["inspect", str(src)]}], cwd=tmp_path)[0]
+    assert (r["code"], r["stderr"].strip()) == (2, f"ckptfix: error: {optim}: {message}")

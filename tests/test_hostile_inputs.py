@@ -14,6 +14,7 @@ import pickle
 import re
 import shutil
 import warnings
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -324,3 +325,27 @@ def test_stride_0_views_are_never_materialised(base, tmp_path):
         f"{ERR}{tmp_path / 's0.pth'}: model.embed_tokens.weight is a view that repeats its storage (strides "
         "[0, 1], e.g. from expand()); save it with .contiguous() before repairing it"))
     assert sorted(os.listdir(tmp_path)) == ["s0.pth"]
+
+
+# --- pickles that flood memory ---------------------------------------------------------------------
+
+def test_pickle_floods_are_refused_before_they_cost_memory(base, tmp_path):
+    """A data.pkl deflated 1000x (a list of 60M empty dicts in 61 KB), and a stored 3 MB pickle of
+    EMPTY_SETs (each 1 byte -> 216 bytes): refused, not gigabytes."""
+    with zipfile.ZipFile(base["good"]) as zf:
+        members = [(i.filename, zf.read(i)) for i in zf.infolist()]
+    flood = b"\x80\x02](" + b"}" * (60 << 20) + b"e."
+    sets = b"\x80\x02](" + b"\x8f" * (3 << 20) + b"e."
+    for name, pkl, method in (("deflated", flood, zipfile.ZIP_DEFLATED), ("sets", sets, zipfile.ZIP_STORED)):
+        with zipfile.ZipFile(tmp_path / f"{name}.pth", "w") as zf:
+            for member, body in members:
+                zf.writestr(zipfile.ZipInfo(member), pkl if member.endswith("data.pkl") else body, compress_type=method)
+    out = mc.run_batch([{"id": n, "argv": ["inspect", str(tmp_path / f"{n}.pth")]} for n in ("deflated", "sets")],
+                       cwd=tmp_path, timeout=15)
+    assert (out["deflated"]["code"], out["deflated"]["stderr"].strip()) == (2, (
+        f"{ERR}{tmp_path / 'deflated.pth'}: data.pkl inflates "
+        f"{zipfile.ZipFile(tmp_path / 'deflated.pth').getinfo('good/data.pkl').compress_size:,} bytes to "
+        "62,914,566; refusing to inflate it (a zip bomb?)"))
+    assert (out["sets"]["code"], out["sets"]["stderr"].strip()) == (2, (
+        f"{ERR}{tmp_path / 'sets.pth'}: pickle builds more than 917,504 containers and objects from 3,145,734 "
+        "bytes (a flood: real checkpoints build about one per 25 bytes); not a checkpoint"))

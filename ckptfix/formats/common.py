@@ -8,6 +8,7 @@ from ckptfix.checkpoint import ByteRange, Checkpoint, OptimizerState, ParamGroup
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats.pickle_safe import StorageRef, TensorRef
 from ckptfix.record import RECORD_KEY, Record
+from ckptfix.untrusted import escape, fail
 
 MODEL_KEYS = ("model", "state_dict", "model_state_dict", "module", "model_state", "net", "network")
 OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_state", "opt")
@@ -208,8 +209,8 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
         groups.append(ParamGroup(params=list(g["params"]), options=options))
     state = {}
     for index, entries in state_raw.items():
-        if not isinstance(entries, Mapping):
-            continue
+        if not isinstance(entries, Mapping):  # every torch optimizer keeps a dict per parameter
+            raise fail(origin, f"optimizer state[{escape(index, 80)}]", "a dict of per-parameter state", entries)
         ps = ParamState()
         for key, value in entries.items():
             value = _lazy(value, ("state", index, key), locate_for)

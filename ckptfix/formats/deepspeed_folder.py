@@ -147,14 +147,14 @@ def _zero_optimizer(ckpt: Checkpoint, model_tree: Mapping, files: list[str], tru
     for g, flat in enumerate(first["flat"]):
         options = dict(first["groups"][g]) if g < len(first["groups"]) else {}
         options.pop("params", None)
-        group_names = list(names[g]) if g < len(names) else []
-        groups.append(ParamGroup(params=group_names, options=options))
+        shapes = names[g] if g < len(names) else {}
+        groups.append(ParamGroup(params=list(shapes), options=options))
         flat_state = first["state"].get(g, {})
         if single:
-            offsets = _offsets(first["slices"][g] if g < len(first["slices"]) else None, names[g] if g < len(names) else {})
-            state.update(_views(flat_state, offsets, names[g], first, ckpt.files["optimizer"]))
+            offsets = _offsets(first["slices"][g] if g < len(first["slices"]) else None, shapes)
+            state.update(_views(flat_state, offsets, shapes, first, ckpt.files["optimizer"]))
             if stage == 3:
-                ckpt.model.update(_master_weights(flat, offsets, names[g], first["locate_for"]))
+                ckpt.model.update(_master_weights(flat, offsets, shapes, first["locate_for"]))
     kind_probe = {g: ParamState(tensors={k: v for k, v in s.items() if isinstance(v, TensorRef)})  # type: ignore[misc]
                   for g, s in first["state"].items() if isinstance(s, Mapping)}
     ckpt.optimizer = OptimizerState(kind=common.infer_kind(kind_probe, groups), groups=groups, state=state)
@@ -186,23 +186,38 @@ def _partition(file: str, trust_pickle: bool) -> dict[str, Any]:
     if not isinstance(osd, Mapping):
         raise UnreadableCheckpoint(f"{file}: no optimizer_state_dict; not a DeepSpeed optim-states file")
     flat = osd.get("single_partition_of_fp32_groups") or osd.get("fp32_flat_groups") or osd.get("fp32_groups") or []
-    if not all(isinstance(t, TensorRef) for t in flat):
+    if not isinstance(flat, (list, tuple)) or not all(isinstance(t, TensorRef) for t in flat):
         raise UnreadableCheckpoint(f"{file}: flat fp32 groups are not tensors")
     base = osd.get("base_optimizer_state", osd.get("optimizer_state_dict"))
     if isinstance(base, list):  # elastic checkpoints: one state dict per group, no param_groups
         state, groups = dict(enumerate(base)), []
     elif isinstance(base, Mapping):
-        state, groups = dict(base.get("state") or {}), list(base.get("param_groups") or [])
+        state = want_dict(base.get("state") or {}, file, "base_optimizer_state.state")
+        groups = list(want_list(base.get("param_groups") or [], file, "base_optimizer_state.param_groups"))
     else:
         raise UnreadableCheckpoint(f"{file}: no base optimizer state")
+    state, groups = _group_states(state, file), [want_dict(g, file, f"param_groups[{i}]") for i, g in enumerate(groups)]
     count = _partition_counts(osd.get("partition_count"), len(flat), file)
     return {
         "file": file, "flat": list(flat), "state": state, "groups": groups, "locate_for": locate_for,
         "stage": _stage(osd.get("zero_stage")),
         "loss_scaler": _loss_scaler(osd.get("loss_scaler")),
         "partition_count": count,
-        "slices": [_fragments(m, file) for m in osd.get("param_slice_mappings") or []],
+        "slices": [_fragments(m, file) for m in want_list(osd.get("param_slice_mappings") or [], file,
+                                                          "param_slice_mappings")],
     }
+
+
+def _group_states(state: dict, origin: str) -> dict[int, dict[str, Any]]:
+    """The base optimizer's state over the flat partitions: group index -> {state name: value}."""
+    out = {}
+    for g, entries in state.items():
+        g = want_int(g, origin, "base optimizer state key", hi=1 << 20)
+        entries = want_dict(entries, origin, f"base optimizer state[{g}]")
+        for key in entries:
+            want_str(key, origin, f"base optimizer state[{g}] key")
+        out[g] = entries
+    return out
 
 
 MAX_PARTITIONS = 1 << 20  # data-parallel ranks; the largest runs have tens of thousands

@@ -62,6 +62,12 @@ MAX_INT_BITS = 1023  # a wider int cannot become a float; every checkpoint numbe
 MAX_TUPLE_NODES = 1_000_000  # a memo-shared tuple DAG hashes in time exponential in its depth
 MAX_TUPLE_DEPTH = 100  # hashing a tuple nested ~100k deep overflows the C stack
 MAX_HASH_WORK = 10_000_000  # tuple nodes all dict keys and set members of one pickle may hash (at least)
+# Containers and objects one pickle may build: 512Ki plus one per 8 bytes (real state dicts build about one per
+# 25 bytes). A 1-byte EMPTY_SET or EMPTY_DICT builds 64-216 bytes: without this a 64 MiB (deflated: 64 KB)
+# data.pkl would take gigabytes.
+MAX_OBJECTS_BASE = 1 << 19
+_BUILDS = frozenset({"EMPTY_DICT", "EMPTY_LIST", "EMPTY_SET", "LIST", "OBJ", "INST", "NEWOBJ", "NEWOBJ_EX",
+                     "REDUCE"})
 
 
 class _Record:
@@ -409,6 +415,7 @@ def _prescan(data: bytes, origin: str) -> None:
     from_bytes = int.from_bytes
     budget = _hash_budget(data)
     largest = max(MAX_TUPLE_NODES, n)
+    built, most = 0, MAX_OBJECTS_BASE + n // 8  # memory grows with what the pickle builds, not its size
     try:
         while i < n:
             spec = table[data[i]]
@@ -434,6 +441,12 @@ def _prescan(data: bytes, origin: str) -> None:
             if i > n or i < at:  # the C unpickler would allocate the declared length before noticing
                 raise UnreadableCheckpoint(f"{origin}: corrupt pickle (a {name} argument runs past the end; truncated?)")
             if action == 0:
+                if name in _BUILDS:
+                    built += 1
+                    if built > most:
+                        raise UnreadableCheckpoint(
+                            f"{origin}: pickle builds more than {most:,} containers and objects from {n:,} bytes "
+                            "(a flood: real checkpoints build about one per 25 bytes); not a checkpoint")
                 if has_mark:
                     del stack[marks.pop():]
                 if below:
@@ -498,6 +511,7 @@ def _prescan(data: bytes, origin: str) -> None:
             elif action == 14:  # BUILD returns its instance: keep the instance's weight
                 stack.pop()
             else:  # SETITEM(S) / DICT hash keys, ADDITEMS / FROZENSET hash members
+                built += name in ("DICT", "FROZENSET")
                 if action == 15:
                     hashed = stack[-2:-1]
                     del stack[-2:]

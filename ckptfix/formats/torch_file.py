@@ -29,6 +29,7 @@ ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 MAX_SMALL_RECORD = 64 << 20  # data.pkl and friends are read whole; refuse anything larger
+MAX_INFLATE_RATIO = 50  # a compressed member (never written by torch.save) may inflate at most this much
 
 
 @dataclass
@@ -86,6 +87,10 @@ class TorchArchive:
             return None
         if info.file_size > MAX_SMALL_RECORD:
             raise UnreadableCheckpoint(f"{self.path}: {suffix} declares {info.file_size} bytes; refusing to read it")
+        if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATE_RATIO * info.compress_size + (1 << 20):
+            # torch.save never compresses; a repacked archive compresses a pickle ~5-10x, a bomb 1000x
+            raise UnreadableCheckpoint(f"{self.path}: {suffix} inflates {info.compress_size:,} bytes to "
+                                       f"{info.file_size:,}; refusing to inflate it (a zip bomb?)")
         try:
             with zipfile.ZipFile(self.path) as zf:
                 return zf.read(info)
