@@ -1,14 +1,17 @@
 """Checkpoint formats: detect what a path holds and read it into the one checkpoint model.
 
-One module per format, each with plain `read` (and, where repair applies, `write`) functions.
-Modules are imported only when a path needs them, to keep `ckptfix inspect` start-up small.
+One module per format, each with plain `sniff` and `read` functions (and a writer in
+`ckptfix.surgery` where repair applies), listed once in `FORMATS`. Modules are imported only when a
+path needs them, to keep `ckptfix inspect` start-up small.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from typing import TYPE_CHECKING, BinaryIO
+from dataclasses import dataclass
+from importlib import import_module
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from ckptfix import untrusted
 from ckptfix.errors import UnreadableCheckpoint
@@ -24,12 +27,75 @@ def open_regular(path: str) -> BinaryIO:
     return untrusted.open_regular(path)
 
 
+@dataclass(frozen=True)
+class Format:
+    """One checkpoint format: how it is recognised, read, and written by `repair`.
+
+    Functions are named "module:function" and imported only when used. `sniff`: for files
+    `sniff(head: bytes)` (the first 16 bytes), for folders `sniff(path)`; truthy when it is this
+    format (None: the format is produced by another row's reader). `read(path, *, trust_pickle)`
+    returns a `Checkpoint`. `write` is the repair writer (`ckptfix.surgery`); without one, `refuse`
+    may name `function(path) -> str`, the message repair refuses with. `notes(plan) -> list[str]`:
+    what a repair of this format will do beyond the common plan, added by `make_plan` (so
+    `--dry-run` shows it).
+    """
+
+    name: str
+    sniff: str | None
+    read: str
+    write: str | None = None
+    folder: bool = False
+    refuse: str | None = None
+    notes: str | None = None
+
+
+# Adding a format: one module (sniff + read, and a writer for repair) plus one line here. Rows are
+# sniffed in order, files and folders separately.
+FORMATS: tuple[Format, ...] = (
+    # safetensors before torch: a header length such as 1152 starts with the bytes 80 04, which look
+    # like a pickle's protocol opcode; the '{' at byte 8 settles it.
+    Format("safetensors", "safetensors_file:sniff", "safetensors_file:read", "write_hf:write_safetensors_file"),
+    Format("torch", "torch_file:sniff", "torch_file:read", "write_torch:write_torch_checkpoint"),
+    # a torch file with Lightning's keys: torch_file.read names it (common.checkpoint_from_tree)
+    Format("lightning", None, "torch_file:read", "write_torch:write_torch_checkpoint"),
+    # a torch file with Composer's {'state': {'model', 'optimizers', 'schedulers'}} layout, named the same way
+    Format("composer", None, "torch_file:read", "write_torch:write_torch_checkpoint"),
+    Format("dcp", "dcp_folder:sniff", "dcp_folder:read", "write_dcp:write_dcp_folder", folder=True,
+           notes="write_dcp:plan_notes"),
+    Format("deepspeed", "deepspeed_folder:sniff", "deepspeed_folder:read", folder=True,
+           refuse="deepspeed_folder:repair_unsupported"),
+    # an adapter folder: repair rewrites its modules_to_save embedding/head copies
+    Format("peft-adapter", "hf_folder:sniff_adapter", "hf_folder:read_adapter", "write_hf:write_hf_folder", folder=True),
+    Format("hf-trainer", "hf_folder:sniff_trainer", "hf_folder:read_trainer", "write_hf:write_hf_folder", folder=True),
+    Format("accelerate", "accelerate_folder:sniff", "accelerate_folder:read", "write_accelerate:write_accelerate_folder",
+           folder=True, notes="write_accelerate:plan_notes"),
+    Format("hf-model", "hf_folder:sniff_model", "hf_folder:read_model", "write_hf:write_hf_folder", folder=True),
+)
+BY_NAME = {f.name: f for f in FORMATS}
+
+
+def resolve(ref: str) -> Callable[..., Any]:
+    """A table entry's function: readers live in ckptfix.formats, writers in ckptfix.surgery."""
+    module, name = ref.split(":")
+    package = "ckptfix.surgery" if module.startswith("write_") else "ckptfix.formats"
+    return getattr(import_module(f"{package}.{module}"), name)
+
+
 def detect(path: str) -> str:
     """The format name of `path`, judged from its content (not its extension alone)."""
-    if stat.S_ISDIR(untrusted.check_input(path).st_mode):
-        from ckptfix.formats import folders
+    folder = stat.S_ISDIR(untrusted.check_input(path).st_mode)
+    probe: str | bytes = path if folder else _head(path)
+    for f in FORMATS:
+        if f.folder == folder and f.sniff is not None and resolve(f.sniff)(probe):
+            return f.name
+    if folder:
+        listing = ", ".join(sorted(os.listdir(path))[:6]) or "empty"
+        raise UnreadableCheckpoint(f"{path}: folder holds no checkpoint ckptfix recognises ({listing})")
+    raise UnreadableCheckpoint(f"{path}: not a checkpoint (neither a torch.save zip/pickle nor safetensors; "
+                               f"starts with {probe[:8]!r})")
 
-        return folders.detect(path)
+
+def _head(path: str) -> bytes:
     try:
         with open_regular(path) as f:
             head = f.read(16)
@@ -37,16 +103,7 @@ def detect(path: str) -> str:
         raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
     if not head:
         raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
-    from ckptfix.formats import safetensors_file, torch_file
-
-    # safetensors first: a header length such as 1152 starts with the bytes 80 04, which look like a
-    # pickle's protocol opcode; the '{' at byte 8 settles it.
-    if safetensors_file.sniff(head):
-        return "safetensors"
-    kind = torch_file.sniff(head)
-    if kind is not None:
-        return kind
-    raise UnreadableCheckpoint(f"{path}: not a checkpoint (neither a torch.save zip/pickle nor safetensors; starts with {head[:8]!r})")
+    return head
 
 
 def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "Checkpoint":
@@ -55,7 +112,7 @@ def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "
     from ckptfix.formats.validate import check_checkpoint
 
     path = os.fspath(path)
-    ckpt = _read(path, detect(path), trust_pickle)
+    ckpt = resolve(BY_NAME[detect(path)].read)(path, trust_pickle=trust_pickle)
     if ckpt.record is None:  # a folder's ckptfix.json, or the FILE.ckptfix.json sidecar of a bare state_dict
         from ckptfix.record import read_sidecar
 
@@ -63,20 +120,6 @@ def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "
         if record is not None:
             attach_record(ckpt, record)
     return check_checkpoint(ckpt)
-
-
-def _read(path: str, kind: str, trust_pickle: bool) -> "Checkpoint":
-    if kind in ("torch-zip", "torch-legacy"):
-        from ckptfix.formats import torch_file
-
-        return torch_file.read(path, trust_pickle=trust_pickle)
-    if kind == "safetensors":
-        from ckptfix.formats import safetensors_file
-
-        return safetensors_file.read(path)
-    from ckptfix.formats import folders
-
-    return folders.read(path, kind, trust_pickle=trust_pickle)
 
 
 def attach_record(ckpt: "Checkpoint", record: "Record") -> None:

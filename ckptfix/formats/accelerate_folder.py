@@ -26,6 +26,12 @@ MODEL_PATTERNS = ("model{}.safetensors", "pytorch_model{}.bin", "pytorch_model_f
 UNREAD_PATTERNS = ("random_states_*.pkl", "sampler*.bin", "dl_state_dict*.bin", "custom_checkpoint_*.pkl")
 
 
+def sniff(path: str) -> bool:
+    """`Accelerator.save_state`: optimizer.bin / scheduler.bin, or random_states_*.pkl."""
+    return (any(os.path.exists(os.path.join(path, n)) for n in ("optimizer.bin", "scheduler.bin"))
+            or bool(glob.glob(os.path.join(path, "random_states_*.pkl"))))
+
+
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Model 0, optimizer 0, scheduler 0 and the scaler of a `save_state` folder (metadata only)."""
     ckpt = Checkpoint(path=path, format="accelerate")

@@ -114,6 +114,11 @@ class DcpLayout:
     meta_file: str | None = None  # Lightning's meta.pt
 
 
+def sniff(path: str) -> bool:
+    """A DCP save: the folder has the `.metadata` file `dcp.save` writes."""
+    return os.path.exists(os.path.join(path, ".metadata"))
+
+
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Read a DCP folder: model, optimizer (FQN-keyed), scheduler; everything else into extras."""
     items, version = read_metadata(path)

@@ -51,6 +51,12 @@ _OPTIM_STATES = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_sta
 _USED = ("module", "optimizer", "lr_scheduler")
 
 
+def sniff(path: str) -> bool:
+    """A DeepSpeed save: a `latest` tag file, `global_step*` folders or `*mp_rank_*_model_states.pt`."""
+    return (os.path.exists(os.path.join(path, "latest")) or bool(glob.glob(os.path.join(path, "global_step*")))
+            or bool(glob.glob(os.path.join(path, "*mp_rank_*_model_states.pt"))))
+
+
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Read the tag `latest` names (or the newest `global_step*`, or `path` itself if it is a tag folder)."""
     tag_dir = resolve_tag(path)

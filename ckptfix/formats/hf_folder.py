@@ -22,6 +22,41 @@ TRAINING_ARG_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "wa
                        "weight_decay", "fp16", "bf16", "max_grad_norm", "optim", "seed")
 
 
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                "pytorch_model.bin.index.json")
+
+
+def _has(path: str, *names: str) -> bool:
+    return any(os.path.exists(os.path.join(path, n)) for n in names)
+
+
+def sniff_adapter(path: str) -> bool:
+    """A PEFT adapter (`save_pretrained` of a PeftModel)."""
+    return _has(path, "adapter_config.json")
+
+
+def sniff_trainer(path: str) -> bool:
+    """A Trainer `checkpoint-N/` folder."""
+    return _has(path, "trainer_state.json", "optimizer.pt", "scheduler.pt")
+
+
+def sniff_model(path: str) -> bool:
+    """A `save_pretrained` model folder."""
+    return _has(path, *WEIGHT_FILES)
+
+
+def read_adapter(path: str, *, trust_pickle: bool = False) -> Checkpoint:
+    return read(path, "peft-adapter", trust_pickle=trust_pickle)
+
+
+def read_trainer(path: str, *, trust_pickle: bool = False) -> Checkpoint:
+    return read(path, "hf-trainer", trust_pickle=trust_pickle)
+
+
+def read_model(path: str, *, trust_pickle: bool = False) -> Checkpoint:
+    return read(path, "hf-model", trust_pickle=trust_pickle)
+
+
 def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     ckpt = Checkpoint(path=path, format=kind)
     weights = _weight_files(path, adapter=(kind == "peft-adapter"))

@@ -108,7 +108,8 @@ def tensors(path: str, prefix_id: str = "") -> tuple[dict[str, TensorInfo], dict
     return out, metadata
 
 
-def read(path: str) -> Checkpoint:
+def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
+    """A `.safetensors` file (no pickles in it: `trust_pickle` has nothing to do)."""
     model, metadata = tensors(path)
     ckpt = Checkpoint(path=path, format="safetensors", model=model, tied=find_tied(model), ordered=False)
     ckpt.sections["model"] = os.path.basename(path)

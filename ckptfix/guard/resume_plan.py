@@ -300,7 +300,7 @@ def _vocab_plan(ckpt: Any, analysis: Any, names: list[str], live: Live, keys: di
     if len(targets) != 1:
         return None, f"the model's vocab tensors disagree on their row count ({sorted(targets)})"
     try:
-        plan = make_plan(analysis, _Target(targets.pop()), policy=policy)
+        plan = make_plan(analysis, _Target(targets.pop()), policy=policy, format_notes=False)
     except CkptfixError as exc:
         return None, str(exc)
     return plan, ""

@@ -160,32 +160,17 @@ def _writes_sidecar(ckpt: Any) -> bool:
 
 
 def _writer_for(fmt: str, path: str | None = None):
+    """The repair writer of format `fmt` (`ckptfix.formats.FORMATS`), or a RepairError saying why not."""
+    from ckptfix.formats import BY_NAME, resolve
+
+    spec = BY_NAME.get(fmt)
+    if spec is not None and spec.write is not None:
+        return resolve(spec.write)
+    if spec is not None and spec.refuse is not None and path is not None:
+        raise RepairError(resolve(spec.refuse)(path))
     if fmt == "deepspeed":  # ZeRO partitions need DeepSpeed's own universal-checkpoint conversion
-        from ckptfix.formats.deepspeed_folder import repair_unsupported
-
-        raise RepairError(repair_unsupported(path) if path is not None else
-                          "repair does not support DeepSpeed checkpoints; convert them with DeepSpeed's "
+        raise RepairError("repair does not support DeepSpeed checkpoints; convert them with DeepSpeed's "
                           "universal-checkpoint tool (python -m deepspeed.checkpoint.ds_to_universal)")
-    if fmt in ("torch", "lightning", "composer"):
-        from ckptfix.surgery.write_torch import write_torch_checkpoint
-
-        return write_torch_checkpoint
-    if fmt == "safetensors":
-        from ckptfix.surgery.write_hf import write_safetensors_file
-
-        return write_safetensors_file
-    if fmt in ("hf-trainer", "hf-model", "peft-adapter"):  # an adapter folder: its modules_to_save copies
-        from ckptfix.surgery.write_hf import write_hf_folder
-
-        return write_hf_folder
-    if fmt == "dcp":
-        from ckptfix.surgery.write_dcp import write_dcp_folder
-
-        return write_dcp_folder
-    if fmt == "accelerate":
-        from ckptfix.surgery.write_accelerate import write_accelerate_folder
-
-        return write_accelerate_folder
     raise RepairError(f"repair does not support the {fmt} format yet; inspect it, or convert it to a .pth first")
 
 

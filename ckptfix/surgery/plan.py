@@ -144,8 +144,11 @@ def default_init(tokenizer: Any, from_tokenizer: Any) -> str:
 
 def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str | None = None,
               init: str | None = None, std: float = 0.02, pad_to_multiple_of: int | None = None,
-              keep_ids: bool = False) -> RepairPlan:
+              keep_ids: bool = False, format_notes: bool = True) -> RepairPlan:
     """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer.
+
+    Every note of a repair is decided here, so `--dry-run` shows it: the format's own (`Format.notes`
+    in `ckptfix.formats.FORMATS`) too, unless `format_notes` is off (the guard resizes in memory).
 
     Rows follow their token: by token string from the old tokenizer when it is known (`from_tokenizer`,
     else the report's: a ckptfix record's or an HF folder's own), by id otherwise (or with `keep_ids`),
@@ -203,7 +206,17 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     _plan_recorded(plan, {v.rows for v in vocab if v.role in ("embedding", "head")})
     _note_lost_tokens(plan)
     _note_pieces(plan)
+    if format_notes:
+        _note_format(plan)
     return plan
+
+
+def _note_format(plan: RepairPlan) -> None:
+    from ckptfix.formats import BY_NAME, resolve
+
+    spec = BY_NAME.get(plan.ckpt.format)
+    if spec is not None and spec.notes is not None:
+        plan.notes += resolve(spec.notes)(plan)
 
 
 def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[Any, str, list[str]]:

@@ -26,15 +26,21 @@ from ckptfix.surgery.torch_tree import edit_model, edit_optimizer, edit_scaler
 from ckptfix.surgery.write_hf import rewrite_torch_file, write_safetensors
 
 
+def plan_notes(plan: RepairPlan) -> list[str]:
+    """What this writer does beyond the common plan (`make_plan` adds it, so --dry-run shows it)."""
+    files = plan.ckpt.files
+    if plan.reset_scheduler and "scheduler" in files:
+        return [f"{os.path.basename(files['scheduler'])} removed (policy reset): prepare the "
+                "scheduler after accelerator.load_state, which otherwise looks for its file"]
+    return []
+
+
 def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                             in_place: bool, progress: Any = None) -> str | None:
     from ckptfix.surgery import record_json
 
     ckpt, source = plan.ckpt, plan.ckpt.path
     part = {os.path.basename(f): p for p, f in ckpt.files.items() if p in ("model", "optimizer", "scheduler", "scaler")}
-    if plan.reset_scheduler and "scheduler" in ckpt.files:
-        plan.notes.append(f"{os.path.basename(ckpt.files['scheduler'])} removed (policy reset): prepare the "
-                          "scheduler after accelerator.load_state, which otherwise looks for its file")
     backup = backup_path(out) if in_place and os.path.exists(out) else None
     with atomic_folder(out, backup=in_place) as tmp:
         for name in sorted(os.listdir(source)):

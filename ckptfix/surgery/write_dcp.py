@@ -84,6 +84,20 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
     return backup
 
 
+def plan_notes(plan: RepairPlan) -> list[str]:
+    """What a DCP repair does beyond the common plan (`make_plan` adds it, so --dry-run shows it)."""
+    layout, notes = _layout(plan), []
+    if plan.drop_optimizer_state and layout.optimizer_prefix:
+        notes.append(
+            f"DCP: the optimizer entry {layout.optimizer_prefix[0]!r} keeps param_groups but no state; dcp.load of "
+            "a get_state_dict template reports its state keys missing: empty the template's optimizer 'state' "
+            "before dcp.load, then set_state_dict leaves the optimizer fresh")
+    if plan.reset_scheduler and layout.scheduler_prefix:
+        notes.append(f"DCP: the scheduler entry {layout.scheduler_prefix[0]!r} was removed; do not load it "
+                     "(a new schedule starts)")
+    return notes
+
+
 def _layout(plan: RepairPlan) -> DcpLayout:
     layout = plan.ckpt.raw
     if not isinstance(layout, DcpLayout):  # a Checkpoint built elsewhere: read the folder again
@@ -107,10 +121,6 @@ def plan_edits(plan: RepairPlan, layout: DcpLayout, rng: np.random.Generator) ->
         raise RepairError(f"{plan.ckpt.path}: cannot find the DCP item of {', '.join(missing)}; nothing written")
     if plan.drop_optimizer_state:
         edits.removes.update(_optimizer_state_items(layout))
-        plan.notes.append(
-            f"DCP: the optimizer entry {layout.optimizer_prefix[0]!r} keeps param_groups but no state; dcp.load of "
-            "a get_state_dict template reports its state keys missing: empty the template's optimizer 'state' "
-            "before dcp.load, then set_state_dict leaves the optimizer fresh")
     else:
         for key, edit in plan.moments.items():
             moment_fqn = layout.moment_items.get(key)
@@ -140,7 +150,6 @@ def _plan_scheduler_reset(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits) 
                           "does not rewrite; use --policy fresh (and build a new scheduler when resuming)")
     prefix = layout.scheduler_prefix
     edits.removes.update(f for f, item in layout.items.items() if item.path[:len(prefix)] == prefix)
-    plan.notes.append(f"DCP: the scheduler entry {prefix[0]!r} was removed; do not load it (a new schedule starts)")
     # the schedule starts again from its base LR: each group's `lr` item takes its `initial_lr`
     by_path = {item.path: item for item in layout.items.values()}
     for fqn, item in layout.items.items():
