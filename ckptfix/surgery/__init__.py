@@ -128,7 +128,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
 IN_PLACE_FORMATS = ("dcp",)
 
 
-def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str,
+def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str | None,
                      std: float, pad_to_multiple_of: int | None, dry_run: bool, trust_pickle: bool,
                      seed: int) -> RepairResult:
     """Only what changes is written, into the source itself. The source is not hashed for the record

@@ -224,7 +224,7 @@ def _tokenizer_json(doc: dict) -> Segmenter | None:
     if kind == "BPE" and isinstance(vocab, dict):
         if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("dropout"):
             return None
-        merges = {}
+        merges: dict[Any, int] = {}
         for rank, m in enumerate(model.get("merges") or []):
             pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
             if len(pair) == 2:
@@ -269,7 +269,7 @@ def _gpt2_files(vocab: dict, merges_path: Path) -> Segmenter:
     for rank, line in enumerate(x for x in lines if x and not x.startswith("#version")):
         pair = tuple(line.split(" "))
         if len(pair) == 2:
-            merges.setdefault(pair, rank)  # type: ignore[arg-type]
+            merges.setdefault(pair, rank)
     return Segmenter("bpe-merges", dict(vocab), "byte", merges=merges)
 
 
@@ -310,6 +310,7 @@ def _fields(data: bytes):
     while pos < len(data):
         key, pos = _varint(data, pos)
         number, wire = key >> 3, key & 7
+        value: Any
         if wire == 0:
             value, pos = _varint(data, pos)
         elif wire == 2:

@@ -122,6 +122,7 @@ def new_rows_for(rows: np.ndarray, dtype: str, plan: RowPlan, fill: str, std: fl
     if count == 0 or rows.shape[0] == 0 or dtype not in _WRITABLE_FLOATS:
         return new_row_values(rows, dtype, count, "zeros" if dtype not in _WRITABLE_FLOATS else "mean", std, rng)
     mean, var = column_stats(rows, dtype)
+    assert var is not None  # column_stats computes the variance by default
     noise = np.sqrt(var).astype(np.float32) * np.float32(PIECES_NOISE)
     values = np.empty((count, *rows.shape[1:]), dtype=np.float32)
     for k, row in enumerate(np.flatnonzero(plan.source < 0).tolist()):
