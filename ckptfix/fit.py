@@ -37,7 +37,7 @@ class Fit:
     rows: int
     tokens: int
     multiple: int | None = None  # padded: the multiple rounded up to; reserved: the largest round multiple
-    by_config: bool = False  # reserved because the config records `rows` as its vocab_size
+    by_config: bool = False  # reserved because the checkpoint records `rows` as its vocab size
 
     @property
     def ok(self) -> bool:
@@ -54,7 +54,7 @@ class Fit:
         if self.verdict == "padded":
             return f"padded to a multiple of {self.multiple}"
         if self.verdict == "reserved":
-            why = "the config's vocab_size" if self.by_config else f"a multiple of {self.multiple}"
+            why = "the recorded vocab size" if self.by_config else f"a multiple of {self.multiple}"
             return f"rows reserved above the tokenizer ({why})"
         if self.verdict == "too-many":
             return "not padding to a multiple of 8..256"

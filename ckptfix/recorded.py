@@ -58,6 +58,13 @@ def _row_keys(node: dict) -> set[str]:
     return keys
 
 
+def recorded_rows(extras: dict[str, Any]) -> set[int]:
+    """The row counts a checkpoint records for its model (config.json `vocab_size`, nanoGPT's model_args,
+    openai-whisper's dims `n_vocab`, ...): the fit rule's evidence that rows above the tokenizer are the
+    model's own size."""
+    return {r.value for r in find_recorded(extras) if r.rows_key}
+
+
 def disagreeing(recorded: list[Recorded], rows: set[int]) -> list[Recorded]:
     """Recorded row counts that no vocab tensor has."""
     return [r for r in recorded if r.rows_key and r.value not in rows]

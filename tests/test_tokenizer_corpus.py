@@ -298,3 +298,19 @@ def test_gpt2_tokenizer_against_other_rows(tmp_path, rows, config_vocab, codes, 
                           config_vocab)
     report = inspect(_save(_real_model(shaped), shaped, tmp_path), tokenizer)
     assert sorted(f.code for f in report.findings) == codes and report.exit_code == exit_code
+
+
+def test_rows_recorded_outside_a_config_json(tmp_path):
+    """openai-whisper's own checkpoints record the rows as dims['n_vocab'] (no config.json): large-v3's 51866
+    rows for multilingual.tiktoken's 51865 tokens are the model's own size, reported as reserved."""
+    entry = next(e for e in corpus.ENTRIES if e.name == "whisper-multilingual")
+    tokenizer = _cached(entry)
+    large = corpus.Entry("whisper-large-v3", entry.package, entry.members, entry.format, entry.size,
+                         "whisper large-v3", 51866)
+    model = _real_model(large)
+    path = tmp_path / "large-v3.pt"
+    torch.save({"dims": {"n_mels": 8, "n_vocab": 51866, "n_text_state": 8}, "model_state_dict": model.state_dict()},
+               path)
+    report = inspect(path, tokenizer)
+    assert report.exit_code == 0 and [f.code for f in report.findings] == ["CKF105"]
+    assert "the checkpoint records them as its vocab size" in report.findings[0].message

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
-from ckptfix.fit import Fit, config_vocab_size, fit_rows
+from ckptfix.fit import Fit, fit_rows
+from ckptfix.recorded import recorded_rows
 from ckptfix.vocab import VocabTensor
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
@@ -39,8 +40,9 @@ def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
 
 def _fits(ctx: Context, verdicts: tuple[str, ...]) -> list[tuple[VocabTensor, Fit]]:
     """Vocab tensors with more rows than the tokenizer whose fit is one of `verdicts`."""
-    config_vocab = config_vocab_size(ctx.ckpt.extras.get("config"))
-    fits = [(v, fit_rows(v.rows, ctx.tokenizer.size, config_vocab)) for v in _mismatched(ctx, smaller=False)]
+    recorded = recorded_rows(ctx.ckpt.extras)
+    fits = [(v, fit_rows(v.rows, ctx.tokenizer.size, v.rows if v.rows in recorded else None))
+            for v in _mismatched(ctx, smaller=False)]
     return [(v, f) for v, f in fits if f.verdict in verdicts]
 
 
@@ -74,14 +76,14 @@ def rows_padded(ctx: Context) -> Iterator[Finding]:
 
 
 @check("CKF105", "info", "vocab rows reserved above the tokenizer",
-       "Rows a round multiple of 64+ a little (<= 1/16) above the tokenizer, or recorded as the config's "
-       "vocab_size (Qwen2/3's 151936, DeepSeek-V3's 129280): the model's own size, not an error.")
+       "Rows a round multiple of 64+ a little (<= 1/16) above the tokenizer, or recorded by the checkpoint as "
+       "its vocab size (Qwen2/3's 151936, DeepSeek-V3's 129280): the model's own size, not an error.")
 def rows_reserved(ctx: Context) -> Iterator[Finding]:
     reserved = _fits(ctx, ("reserved",))
     if not reserved:
         return
     _, fit = reserved[0]
-    why = "the checkpoint's config records vocab_size" if fit.by_config else f"a multiple of {fit.multiple}"
+    why = "the checkpoint records them as its vocab size" if fit.by_config else f"a multiple of {fit.multiple}"
     yield finding(
         "CKF105", f"{fit.rows} rows for {fit.tokens} tokens: {fit.unused} row(s) reserved above the tokenizer "
         f"({why}); no token id reaches them",

@@ -19,9 +19,10 @@ from ckptfix.checks import Finding
 from ckptfix.checks.reserved import never_trained_from
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.errors import RepairError
-from ckptfix.fit import config_vocab_size, target_rows
+from ckptfix.fit import target_rows
 from ckptfix.formats.pickle_safe import DTYPE_SIZES
 from ckptfix.policies import REPAIR_POLICIES, canonical
+from ckptfix.recorded import recorded_rows
 from ckptfix.surgery.pieces import piece_rows
 from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_rows_for, plan_by_id, plan_by_token
 
@@ -173,8 +174,9 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
             raise RepairError(f"{ckpt.path}: {v.name} is a view that repeats its storage (strides "
                               f"{list(ckpt.model[v.name].stride or ())}, e.g. from expand()); save it with "
                               ".contiguous() before repairing it")
-    target, why = target_rows(tokenizer.size, max(v.rows for v in vocab), pad_to=pad_to_multiple_of,
-                              config_vocab=config_vocab_size(ckpt.extras.get("config")),
+    rows = max(v.rows for v in vocab)
+    target, why = target_rows(tokenizer.size, rows, pad_to=pad_to_multiple_of,
+                              config_vocab=rows if rows in recorded_rows(ckpt.extras) else None,
                               old_tokens=from_tokenizer.size if from_tokenizer is not None else None)
     plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
                       findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by)
