@@ -82,10 +82,10 @@ def fit_rows(rows: int, tokens: int, config_vocab: int | None = None) -> Fit:
     if padded is not None:
         return Fit("padded", rows, tokens, padded)
     if rows - tokens <= rows // RESERVED_FRACTION:
-        if config_vocab == rows:
-            return Fit("reserved", rows, tokens, row_multiple(rows), by_config=True)
         if row_multiple(rows) is not None:
             return Fit("reserved", rows, tokens, row_multiple(rows))
+        if config_vocab == rows:
+            return Fit("reserved", rows, tokens, by_config=True)
     return Fit("too-many", rows, tokens)
 
 
@@ -106,7 +106,7 @@ def target_rows(tokens: int, rows: int, *, pad_to: int | None = None, config_voc
     """Row count for a repair of a checkpoint with `rows` rows to a `tokens`-id tokenizer, and why.
 
     `pad_to` (--pad-to N) rounds the tokens up to N (1: exactly one row per token). By default the rows are
-    kept when they already fit the tokenizer as a reserve or a padding to a multiple of 64+; otherwise the checkpoint keeps
+    kept when they already fit the tokenizer as a round reserve or a padding to a multiple of 64+; otherwise the checkpoint keeps
     the padding multiple it visibly has against its old tokenizer (`old_tokens`, when known); otherwise one
     row per token, as a model built from `len(tokenizer)` (resize_token_embeddings) expects.
     """
@@ -115,8 +115,9 @@ def target_rows(tokens: int, rows: int, *, pad_to: int | None = None, config_voc
         return target, f"rows: {target} for {tokens} tokens (--pad-to {pad_to})"
     now = fit_rows(rows, tokens, config_vocab)
     # Rows one per token of an old tokenizer look like a small padding of a smaller new one (48 rows "pad"
-    # 40 tokens to 16): only a reserve, or padding to a multiple of 64+, shows the model was built that way.
-    if now.verdict == "reserved" or (now.verdict == "padded" and rows % 64 == 0):
+    # 40 tokens to 16), and every checkpoint records its own rows: only a round reserve, or a padding to a
+    # multiple of 64+, shows the model was built with more rows than tokens.
+    if (now.verdict == "reserved" and not now.by_config) or (now.verdict == "padded" and rows % 64 == 0):
         return rows, f"rows: kept the checkpoint's {rows} for {tokens} tokens ({now.describe()})"
     before = fit_rows(rows, old_tokens, config_vocab) if old_tokens is not None else None
     if before is not None and before.verdict in ("padded", "reserved") and before.multiple:

@@ -75,6 +75,8 @@ TARGET_TABLE = [
     (1030, 1024, 1, None, 1000, 1030),  # --pad-to 1: exactly one row per token
     (151700, 151936, None, None, None, 151936),  # Qwen: new tokens land in the reserved rows, no resize
     (151700, 151936, None, 151936, None, 151936),
+    (192, 203, None, 203, None, 192),  # a recorded size alone (nanoGPT's model_args) keeps nothing: it always
+    (50257, 50400, None, 50400, None, 50257),  # equals the rows (GPT-J's config records its 50400)
     (152000, 151936, None, None, 151646, 152064),  # past the reserve: the next multiple of 128
 ]
 
