@@ -137,16 +137,28 @@ def map_optimizer(ckpt: Checkpoint) -> ParamMapping:
 
 
 def _hf_groups(ckpt: Checkpoint, params: list[str]) -> dict[Any, str] | None:
+    """Two param groups, weight decay and none: the HF Trainer splits by name (biases, norms) with the decay
+    group first; timm's `param_groups_weight_decay` (and nanoGPT) by shape (1-D or `.bias`), timm with the
+    no-decay group first. The group whose `weight_decay` is 0 is the no-decay one where the options say so."""
     assert ckpt.optimizer is not None
     groups = ckpt.optimizer.groups
     if len(groups) != 2:
         return None
-    decay = [n for n in params if not _NO_DECAY.search(n)]
-    no_decay = [n for n in params if _NO_DECAY.search(n)]
-    if (len(groups[0].params), len(groups[1].params)) != (len(decay), len(no_decay)):
-        return None
-    pairs = list(zip(groups[0].params, decay)) + list(zip(groups[1].params, no_decay))
-    return dict(pairs) if _consistent(ckpt, pairs) else None
+    wd = [g.options.get("weight_decay") for g in groups]
+    orders = [(0, 1), (1, 0)] if wd[0] == wd[1] or not all(isinstance(w, (int, float)) for w in wd) else \
+        [(0, 1)] if wd[1] == 0 else [(1, 0)] if wd[0] == 0 else [(0, 1), (1, 0)]
+    rules = (lambda n: bool(_NO_DECAY.search(n)),
+             lambda n: len(ckpt.model[n].shape) <= 1 or n.endswith(".bias"))
+    for no_decay_rule in rules:
+        decay = [n for n in params if not no_decay_rule(n)]
+        no_decay = [n for n in params if no_decay_rule(n)]
+        for d, nd in orders:  # d: the index of the decay group
+            if (len(groups[d].params), len(groups[nd].params)) != (len(decay), len(no_decay)):
+                continue
+            pairs = list(zip(groups[d].params, decay)) + list(zip(groups[nd].params, no_decay))
+            if _consistent(ckpt, pairs):
+                return dict(pairs)
+    return None
 
 
 def _align(ckpt: Checkpoint, indices: list[Any], params: list[str]) -> dict[Any, str] | None:

@@ -205,3 +205,36 @@ def test_composer_checkpoint_repairs_and_resumes(tmp_path):
     sched2.load_state_dict(ck["schedulers"]["LambdaLR"])
     assert torch.equal(resumed.model.lm_head.weight[:VOCAB], wrapped.model.lm_head.weight)
     assert math.isfinite(_step(resumed.model, opt2, NEW, 2))
+
+
+def _timm_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """timm's `param_groups_weight_decay` (timm/optim/_param_groups.py), what `create_optimizer_v2` builds
+    AdamW from: the no-decay group (1-D or `.bias`) first. timm pins its own torch and torchvision, so its
+    rule is written here from its source."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim <= 1 or name.endswith(".bias") else decay).append(param)
+    return [{"params": no_decay, "weight_decay": 0.0}, {"params": decay, "weight_decay": weight_decay}]
+
+
+def test_timm_group_order_maps_every_moment(tmp_path):
+    """timm's checkpoint (timm/utils/checkpoint_saver.py: epoch, arch, state_dict, optimizer, version) with
+    its [no_decay, decay] groups: every moment is mapped to its parameter by the groups, not 'weak'."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 10), torch.nn.LayerNorm(10),
+                                torch.nn.Linear(10, 10))
+    opt = torch.optim.AdamW(_timm_param_groups(model, 0.05), lr=1e-3)
+    model(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()
+    src = tmp_path / "checkpoint-1.pth.tar"
+    torch.save({"epoch": 1, "arch": "tiny", "state_dict": model.state_dict(), "optimizer": opt.state_dict(),
+                "version": 2, "metric": 0.5}, src)
+    report = ckptfix.inspect(str(src))
+    assert report.mapping.method == "hf-groups"
+    names = report.mapping.names
+    state = dict(model.named_parameters())
+    for index, name in names.items():
+        assert opt.state_dict()["state"][index]["exp_avg"].shape == state[name].shape
+    assert len(names) == len(state) and not [f for f in report.findings if f.code == "CKF204"]
