@@ -28,8 +28,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "repair": "ckptfix.surgery",
     "RepairResult": "ckptfix.surgery",
-    "diff": "ckptfix.diff",
-    "DiffReport": "ckptfix.diff",
+    "diff": "ckptfix.compare",
+    "DiffReport": "ckptfix.compare",
     "ResumeGuard": "ckptfix.guard",
     "check_training_setup": "ckptfix.guard",
     "TrainingSetupError": "ckptfix.guard",

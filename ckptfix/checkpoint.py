@@ -55,7 +55,6 @@ class TensorInfo:
     offset: int = 0  # in elements, into the storage
     stride: tuple[int, ...] | None = None
     is_parameter: bool = False
-    ref: Any = None  # the format's own record (e.g. pickle_safe.TensorRef), for writers
 
     @property
     def numel(self) -> int:
@@ -93,9 +92,6 @@ class TensorInfo:
         stride = self.stride if self.stride is not None else self.contiguous_stride()
         return stored_to_torch(_mapped_storage(self, writable=True), self.dtype).as_strided(
             self.shape, stride, self.offset)
-
-    def describe(self) -> str:
-        return f"{self.name} {list(self.shape)} {self.dtype}"
 
 
 _MAPS: dict[tuple, mmap.mmap] = {}

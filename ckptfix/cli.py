@@ -142,7 +142,7 @@ def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, quiet: 
       ckptfix diff output/checkpoint-500 output/checkpoint-1000 --json
       ckptfix diff run/epoch=1.ckpt run/epoch=2.ckpt --atol 1e-6
     """
-    from ckptfix.diff import diff as run_diff
+    from ckptfix.compare import diff as run_diff
 
     report = run_diff(a, b, atol=atol, progress=terminal_progress(quiet), trust_pickle=trust_pickle)
     if as_json:

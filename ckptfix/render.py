@@ -158,7 +158,7 @@ def render_repair(result) -> str:
 
 
 def render_diff(report: Any) -> str:
-    """A `ckptfix diff` report (ckptfix.diff.DiffReport): sides, counts, verdict, then the tensors."""
+    """A `ckptfix diff` report (ckptfix.compare.DiffReport): sides, counts, verdict, then the tensors."""
     data = report.to_json()
     lines = [_line(k.upper(), f"{data[k]['path']}  ({data[k]['format']}, {_side_step(data[k])})") for k in "ab"]
     s = data["summary"]

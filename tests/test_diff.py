@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ckptfix.cli import main
-from ckptfix.diff import SCHEMA, diff
+from ckptfix.compare import SCHEMA, diff
 from ckptfix.render import render_diff
 from ckpt_factory import lm_loss, make_batches, new_run, save_checkpoint, train
 
@@ -111,7 +111,7 @@ def test_added_removed_reshaped(moving, tmp_path):
 
 
 def test_bfloat16_and_views_compare_in_chunks(tmp_path, monkeypatch):
-    import ckptfix.diff as diff_module
+    import ckptfix.compare as diff_module
 
     monkeypatch.setattr(diff_module, "CHUNK_ELEMENTS", 7)  # force many chunks, including strided rows
     base = torch.randn(12, 10)

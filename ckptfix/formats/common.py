@@ -178,7 +178,7 @@ def model_tensors(state: Mapping, locate_for: Locator, prefix: str = "", _path: 
 def tensor_from_ref(name: str, ref: TensorRef, locate_for: Locator) -> TensorInfo:
     return TensorInfo(name=name, shape=ref.shape, dtype=ref.dtype, locate=locate_for(ref.storage),
                       storage_id=ref.storage.key, offset=ref.offset, stride=ref.stride,
-                      is_parameter=ref.is_parameter, ref=ref)
+                      is_parameter=ref.is_parameter)
 
 
 def find_tied(model: Mapping[str, TensorInfo]) -> dict[str, str]:

@@ -518,7 +518,7 @@ def _record_tensor(path: str, name: str, shape: tuple[int, ...], dtype: str, blo
         raise UnreadableCheckpoint(f"{file}: record of {name!r} addresses bytes outside its storage")
     where = blob.record(f"data/{ref.storage.key}")
     return TensorInfo(name=name, shape=shape, dtype=dtype, locate=lambda: where, storage_id=f"{file}:{where.start}",
-                      offset=ref.offset, stride=ref.stride, ref=ref)
+                      offset=ref.offset, stride=ref.stride)
 
 
 @dataclass

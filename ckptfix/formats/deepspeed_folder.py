@@ -293,7 +293,7 @@ def _view(name: str, flat: TensorRef, start: int, shape: tuple, locate_for: comm
     if start < 0 or start + _numel(shape) > flat.numel:
         return None
     info = TensorInfo(name=name, shape=shape, dtype=flat.dtype, locate=locate_for(flat.storage),
-                      storage_id=flat.storage.key, offset=flat.offset + start, ref=flat)
+                      storage_id=flat.storage.key, offset=flat.offset + start)
     info.stride = info.contiguous_stride()
     return info
 

@@ -18,7 +18,7 @@ from typing import Any
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import StorageRef, load_pickle
+from ckptfix.formats.pickle_safe import load_pickle
 
 try:
     from lzma import LZMAError as _LZMAError
@@ -215,13 +215,6 @@ class _PickleStream:
         if not chunk:
             raise UnreadableCheckpoint(f"{origin}: pickle stream ended early (truncated?)")
         return load_pickle(chunk, origin, opaque=opaque)
-
-
-def _legacy_storage(tree: Any, key: str) -> StorageRef | None:
-    for ref in common.iter_tensor_refs(tree):
-        if ref.storage.key == key:
-            return ref.storage
-    return None
 
 
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
