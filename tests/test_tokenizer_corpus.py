@@ -244,15 +244,7 @@ def _save(model: torch.nn.Module, entry: corpus.Entry, folder: Path) -> Path:
     return path
 
 
-def _inspect_param(entry: corpus.Entry):
-    param = _param(entry)
-    if entry.model.startswith("RWKV"):  # vocab tensors found by name take attention.output.weight for a head
-        param = pytest.param(entry, id=entry.name, marks=[*param.marks, pytest.mark.xfail(
-            reason="issue 17: RWKV's attention.output.weight is taken for a vocab head", strict=False)])
-    return param
-
-
-@pytest.mark.parametrize("entry", [_inspect_param(e) for e in corpus.ENTRIES])
+@pytest.mark.parametrize("entry", ENTRIES)
 def test_real_model_rows_inspect_clean(entry, tmp_path):
     tokenizer = _cached(entry)
     ckpt = _save(_real_model(entry), entry, tmp_path)
