@@ -4,6 +4,7 @@ layout and loading steps written from its source, as each test says)."""
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -238,3 +239,41 @@ def test_timm_group_order_maps_every_moment(tmp_path):
     for index, name in names.items():
         assert opt.state_dict()["state"][index]["exp_avg"].shape == state[name].shape
     assert len(names) == len(state) and not [f for f in report.findings if f.code == "CKF204"]
+
+
+def test_torchtune_recipe_state_beside_the_model_folder(tmp_path):
+    """torchtune's FullModelHFCheckpointer layout (torchtune/training/checkpointing/_checkpointer.py):
+    <output_dir>/epoch_0/model-00001-of-00001.safetensors (+ index, config.json) and the optimizer in
+    <output_dir>/recipe_state/recipe_state.pt under 'optimizer' with seed/epochs_run/total_epochs. inspect of
+    the model folder checks those moments; repair writes the repaired recipe_state.pt into OUT. torchtune
+    pins its own torch, so the layout and its resume steps (optimizer.load_state_dict(ckpt['optimizer']))
+    are written here from its source."""
+    from safetensors.torch import save_file
+
+    model = _tiny_llama(VOCAB)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _step(model, opt, VOCAB, 1)
+    epoch = tmp_path / "out" / "epoch_0"
+    epoch.mkdir(parents=True)
+    model.config.save_pretrained(epoch)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(state, epoch / "model-00001-of-00001.safetensors", metadata={"format": "pt"})
+    (epoch / "model.safetensors.index.json").write_text(json.dumps({
+        "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+        "weight_map": {k: "model-00001-of-00001.safetensors" for k in state}}))
+    (tmp_path / "out" / "recipe_state").mkdir()
+    torch.save({"optimizer": opt.state_dict(), "seed": 9, "epochs_run": 1, "total_epochs": 2,
+                "max_steps_per_epoch": 5}, tmp_path / "out" / "recipe_state" / "recipe_state.pt")
+    tok = word_level_tokenizer(tmp_path / "tokenizer.json", NEW)
+
+    report = ckptfix.inspect(str(epoch), tokenizer=str(tok))
+    assert report.ckpt.optimizer is not None and all(v.moments for v in report.vocab if v.tied_to is None)
+    out = tmp_path / "fixed"
+    ckptfix.repair(str(epoch), str(tok), str(out))
+    recipe = torch.load(out / "recipe_state.pt", weights_only=True)
+    assert recipe["epochs_run"] == 1
+    transformers = pytest.importorskip("transformers")
+    resumed = transformers.AutoModelForCausalLM.from_pretrained(out)
+    opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-3)
+    opt2.load_state_dict(recipe["optimizer"])
+    assert math.isfinite(_step(resumed, opt2, NEW, 2))

@@ -126,6 +126,8 @@ def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> Non
         ckpt.optimizer = common.parse_optimizer(tree, locate_for, optimizer)
         ckpt.sections["optimizer"] = "optimizer.pt"
         ckpt.files["optimizer"] = optimizer
+    else:
+        _read_recipe_state(path, ckpt, trust_pickle)
     for part, name in (("scheduler", "scheduler.pt"), ("scaler", "scaler.pt")):
         file = os.path.join(path, name)
         if os.path.exists(file):
@@ -144,6 +146,35 @@ def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> Non
     rng = sorted(glob.glob(os.path.join(path, "rng_state*.pth")))
     if rng:
         ckpt.notes.append(f"{len(rng)} rng_state file(s) left unread (RNG state only, not needed to inspect)")
+
+
+# torchtune keeps the optimizer apart from the model folder (<output_dir>/epoch_N/): in
+# <output_dir>/recipe_state/recipe_state.pt (recipe_state.pt at the output_dir in older releases) under
+# 'optimizer' (torchtune/training/checkpointing/_utils.py RECIPE_STATE_DIRNAME, training.OPT_KEY)
+RECIPE_STATE = "recipe_state.pt"
+
+
+def recipe_state_file(path: str) -> str | None:
+    """torchtune's recipe state for the model folder `path`: in it, or beside it in its output_dir."""
+    parent = os.path.dirname(os.path.abspath(path))
+    for file in (os.path.join(path, RECIPE_STATE), os.path.join(parent, "recipe_state", RECIPE_STATE),
+                 os.path.join(parent, RECIPE_STATE)):
+        if os.path.isfile(file):
+            return file
+    return None
+
+
+def _read_recipe_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> None:
+    file = recipe_state_file(path)
+    if file is None:
+        return
+    tree, locate_for, _ = torch_file.load(file, opaque=trust_pickle)
+    if not isinstance(tree, dict) or not common.is_optimizer_state(tree.get("optimizer")):
+        return
+    ckpt.optimizer = common.parse_optimizer(tree["optimizer"], locate_for, file)
+    ckpt.sections["optimizer"] = RECIPE_STATE
+    ckpt.files["optimizer"] = file
+    ckpt.notes.append(f"optimizer state read from torchtune's {file}")
 
 
 def _training_args(file: str) -> dict[str, Any]:

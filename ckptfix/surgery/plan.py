@@ -206,6 +206,9 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     _plan_optimizer(plan)
     _plan_scaler(plan)
     _plan_recorded(plan, {v.rows for v in vocab if v.role in ("embedding", "head")})
+    if ckpt.sections.get("optimizer") == "recipe_state.pt":
+        plan.notes.append(f"torchtune's optimizer state ({ckpt.files.get('optimizer')}) is written repaired as "
+                          "OUT/recipe_state.pt; torchtune resumes from <output_dir>/recipe_state/recipe_state.pt")
     _note_lost_tokens(plan)
     _note_pieces(plan)
     if format_notes:

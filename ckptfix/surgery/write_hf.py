@@ -75,6 +75,7 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
                 copy_input_entry(src, dst, source)  # regular files; links stay links, never followed out
             if os.path.isfile(dst) and not os.path.islink(dst):  # a rewritten file keeps its source's mode
                 shutil.copymode(src, dst)
+        _write_recipe_state(plan, tmp, rng, progress)
         _update_index_sizes(plan, tmp)
         _copy_tokenizer(plan.tokenizer, tmp)
         with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
@@ -88,6 +89,24 @@ def _rewrite_weights(plan: RepairPlan, src: str, dst: str, rng: np.random.Genera
             write_safetensors(plan, src, f, rng, progress)
         else:
             rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_model(tree, plan, table), progress)
+
+
+def _write_recipe_state(plan: RepairPlan, folder: str, rng: np.random.Generator,
+                        progress: Progress | None = None) -> None:
+    """torchtune's recipe_state.pt (read from beside the model folder, or in it): the repaired one goes into
+    OUT, since nothing outside OUT is written (make_plan's note says where torchtune looks for it)."""
+    src = plan.ckpt.files.get("optimizer")
+    if plan.ckpt.sections.get("optimizer") != "recipe_state.pt" or src is None:
+        return
+
+    def edit(tree: Any, table: Any) -> Any:
+        return {**tree, "optimizer": edit_optimizer(tree["optimizer"], plan, table)}
+
+    dst = os.path.join(folder, "recipe_state.pt")
+    if os.path.lexists(dst):  # the copy made with the folder: replaced, never written through (a link)
+        os.unlink(dst)
+    with open(dst, "wb") as f:
+        rewrite_torch_file(src, f, plan, rng, edit, progress)
 
 
 def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng: np.random.Generator,
