@@ -16,22 +16,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ckptfix.dtypes import DTYPE_SIZES, FLOAT_DTYPES, NUMPY_DTYPES, contiguous_stride
 from ckptfix.errors import UnreadableCheckpoint
-from ckptfix.formats.pickle_safe import DTYPE_SIZES, contiguous_stride
-
-FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2",
-                "float8_e4m3fnuz", "float8_e5m2fnuz"}
-
-_NUMPY_DTYPES = {
-    "float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16,
-    "int64": np.int64, "int32": np.int32, "int16": np.int16, "int8": np.int8, "uint8": np.uint8,
-    "bool": np.bool_, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
-    "complex64": np.complex64, "complex128": np.complex128,
-    "float8_e4m3fn": np.uint8, "float8_e5m2": np.uint8, "float8_e4m3fnuz": np.uint8, "float8_e5m2fnuz": np.uint8,
-    # numpy has none of these: their raw bits (a complex32 is two float16s)
-    "float8_e8m0fnu": np.uint8, "float4_e2m1fn_x2": np.uint8, "complex32": np.uint32,
-    "bits8": np.uint8, "bits16": np.uint16, "bits1x8": np.uint8, "bits2x4": np.uint8, "bits4x2": np.uint8,
-}
 
 
 @dataclass(frozen=True)
@@ -171,7 +157,7 @@ def release_maps() -> None:
 
 def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
     where = tensor.locate()
-    np_dtype = _NUMPY_DTYPES.get(tensor.dtype)
+    np_dtype = NUMPY_DTYPES.get(tensor.dtype)
     if np_dtype is None:
         raise UnreadableCheckpoint(f"{tensor.name}: cannot read dtype {tensor.dtype}")
     itemsize = np.dtype(np_dtype).itemsize

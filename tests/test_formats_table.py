@@ -35,3 +35,18 @@ def test_dry_run_shows_the_format_notes(source, tokenizers, tmp_path):  # noqa: 
     result = ckptfix.repair(root / "bin", tokenizers[40], tmp_path / "out", policy="reset", dry_run=True)
     assert any("removed (policy reset)" in n for n in result.to_json()["notes"])
     assert not (tmp_path / "out").exists()
+
+
+def test_the_model_imports_no_format_and_dtypes_are_one_table():
+    import ast
+    from pathlib import Path
+
+    import ckptfix.checkpoint
+    from ckptfix.dtypes import DTYPE_SIZES, DTYPES, SAFETENSORS_TO_TORCH, STORAGE_DTYPES
+    from ckptfix.formats import pickle_safe, safetensors_file
+
+    tree = ast.parse(Path(ckptfix.checkpoint.__file__).read_text())
+    modules = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in modules if m.startswith("ckptfix.formats")]  # no import runs upward
+    assert pickle_safe.DTYPE_SIZES is DTYPE_SIZES and safetensors_file.DTYPES is SAFETENSORS_TO_TORCH
+    assert all(DTYPES[name].size == size for name, size in STORAGE_DTYPES.values())

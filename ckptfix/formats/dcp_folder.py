@@ -47,13 +47,13 @@ from typing import Any
 import numpy as np
 
 from ckptfix.checkpoint import (
-    _NUMPY_DTYPES,
     ByteRange,
     Checkpoint,
     TensorInfo,
     file_map,
     stored_to_torch,
 )
+from ckptfix.dtypes import NUMPY_DTYPES
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common
 from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDtype, load_pickle
@@ -529,7 +529,7 @@ class ShardedTensor(TensorInfo):
 
     def read_stored(self) -> np.ndarray:
         assert self.item is not None
-        out: np.ndarray = np.empty(self.shape, dtype=_NUMPY_DTYPES[self.dtype])
+        out: np.ndarray = np.empty(self.shape, dtype=NUMPY_DTYPES[self.dtype])
         folder = os.path.dirname(self.item.blobs[0][0])
         for offsets, sizes in self.item.pieces:
             blob = self.item.blob_for(offsets)
@@ -563,7 +563,7 @@ def _blob_problem(blob: tuple) -> str:
 
 def _pieces_problem(item: Item) -> str:
     """Pieces must tile the tensor (inside it, counts adding up) and each have one readable record."""
-    if item.dtype not in _NUMPY_DTYPES:
+    if item.dtype not in NUMPY_DTYPES:
         return f"dtype {item.dtype} cannot be assembled"
     total = 0
     for offsets, sizes in item.pieces:

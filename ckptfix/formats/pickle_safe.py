@@ -18,40 +18,10 @@ import pickletools
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfix.dtypes import DTYPE_SIZES, STORAGE_DTYPES, TORCH_ALIASES, contiguous_stride  # noqa: F401 (re-exported)
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 
-# torch storage class names -> dtype name and element size in bytes.
-STORAGE_DTYPES: dict[str, tuple[str, int]] = {
-    "DoubleStorage": ("float64", 8),
-    "FloatStorage": ("float32", 4),
-    "HalfStorage": ("float16", 2),
-    "BFloat16Storage": ("bfloat16", 2),
-    "LongStorage": ("int64", 8),
-    "IntStorage": ("int32", 4),
-    "ShortStorage": ("int16", 2),
-    "CharStorage": ("int8", 1),
-    "ByteStorage": ("uint8", 1),
-    "BoolStorage": ("bool", 1),
-    "ComplexFloatStorage": ("complex64", 8),
-    "ComplexDoubleStorage": ("complex128", 16),
-    "UntypedStorage": ("uint8", 1),
-}
-
-# dtype name -> element size in bytes (torch names; `_rebuild_tensor_v3` passes the dtype itself).
-DTYPE_SIZES: dict[str, int] = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-    "uint16": 2, "uint32": 4, "uint64": 8,
-    "complex64": 8, "complex128": 16,
-    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
-    # the rest of what torch.save writes with an untyped storage (torch.storage._new_dtypes())
-    "float8_e8m0fnu": 1, "float4_e2m1fn_x2": 1, "complex32": 4,
-    "bits8": 1, "bits16": 2, "bits1x8": 1, "bits2x4": 1, "bits4x2": 1,
-}
-_DTYPE_ALIASES = {
-    "float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32",
-    "short": "int16", "cfloat": "complex64", "cdouble": "complex128", "chalf": "complex32",
-}
+_DTYPE_ALIASES = TORCH_ALIASES
 
 # Bound on pickle size: a state-dict pickle is ~100 bytes per tensor; 1 GiB would be ~10M tensors.
 MAX_PICKLE_BYTES = 1 << 30
@@ -82,15 +52,6 @@ class _Record:
 
     def __reduce__(self):
         return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
-
-
-def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The strides (in elements) of a freshly allocated row-major tensor of `shape`, as torch computes them."""
-    stride, step = [], 1
-    for d in reversed(shape):
-        stride.append(step)
-        step *= max(d, 1)
-    return tuple(reversed(stride))
 
 
 @dataclass(frozen=True)
@@ -367,12 +328,27 @@ def _printable(name: str, limit: int = 120) -> str:
     return text + ("..." if len(name) > limit else "")
 
 
+# What `_prescan` does with each opcode (plain ints, compared in its hot loop; the tuple builders are
+# numbered so that TUPLE1..TUPLE3 take `action - 1` items).
+_A_OTHER = 0  # pops and pushes by its stack effect
+_A_TUPLE_MARK, _A_TUPLE1, _A_TUPLE2, _A_TUPLE3 = 1, 2, 3, 4  # build a tuple: weigh it
+_A_GET, _A_PUT, _A_MEMOIZE = 5, 6, 7  # memo reads and writes (by index)
+_A_DUP, _A_MARK, _A_STOP = 8, 9, 10
+_A_LONG_BINARY, _A_LONG_TEXT = 11, 12  # integers: refuse absurd widths
+_A_GLOBAL = 13  # GLOBAL / INST: two text lines
+_A_BUILD = 14
+_A_SETITEM, _A_SETITEMS, _A_ADDITEMS = 15, 16, 17  # hash dict keys / set members
+
+
 def _opcode_table() -> list:
     """Per opcode byte: (action, arg size or variable-size kind, name, has mark, items popped below it, pushed)."""
-    actions = {"TUPLE": 1, "TUPLE1": 2, "TUPLE2": 3, "TUPLE3": 4, "GET": 5, "BINGET": 5, "LONG_BINGET": 5,
-               "PUT": 6, "BINPUT": 6, "LONG_BINPUT": 6, "MEMOIZE": 7, "DUP": 8, "MARK": 9, "STOP": 10,
-               "LONG1": 11, "LONG4": 11, "INT": 12, "LONG": 12, "GLOBAL": 13, "INST": 13, "BUILD": 14,
-               "SETITEM": 15, "SETITEMS": 16, "DICT": 16, "ADDITEMS": 17, "FROZENSET": 17}
+    actions = {"TUPLE": _A_TUPLE_MARK, "TUPLE1": _A_TUPLE1, "TUPLE2": _A_TUPLE2, "TUPLE3": _A_TUPLE3,
+               "GET": _A_GET, "BINGET": _A_GET, "LONG_BINGET": _A_GET,
+               "PUT": _A_PUT, "BINPUT": _A_PUT, "LONG_BINPUT": _A_PUT, "MEMOIZE": _A_MEMOIZE, "DUP": _A_DUP,
+               "MARK": _A_MARK, "STOP": _A_STOP, "LONG1": _A_LONG_BINARY, "LONG4": _A_LONG_BINARY,
+               "INT": _A_LONG_TEXT, "LONG": _A_LONG_TEXT, "GLOBAL": _A_GLOBAL, "INST": _A_GLOBAL, "BUILD": _A_BUILD,
+               "SETITEM": _A_SETITEM, "SETITEMS": _A_SETITEMS, "DICT": _A_SETITEMS, "ADDITEMS": _A_ADDITEMS,
+               "FROZENSET": _A_ADDITEMS}
     table: list = [None] * 256
     for op in pickletools.opcodes:
         before = op.stack_before
@@ -427,7 +403,7 @@ def _prescan(data: bytes, origin: str) -> None:
                 i = at + size
             elif size == -1:  # up to a newline (two lines for GLOBAL/INST)
                 i = data.index(b"\n", at) + 1
-                if action == 13:
+                if action == _A_GLOBAL:
                     i = data.index(b"\n", i) + 1
             elif size == -2:  # 1-byte length
                 at += 1
@@ -440,7 +416,7 @@ def _prescan(data: bytes, origin: str) -> None:
                 i = at + from_bytes(data[at - 8:at], "little")
             if i > n or i < at:  # the C unpickler would allocate the declared length before noticing
                 raise UnreadableCheckpoint(f"{origin}: corrupt pickle (a {name} argument runs past the end; truncated?)")
-            if action == 0:
+            if action == _A_OTHER:
                 if name in _BUILDS:
                     built += 1
                     if built > most:
@@ -458,8 +434,8 @@ def _prescan(data: bytes, origin: str) -> None:
                 elif pushed:
                     stack.extend((1,) * pushed)
                 continue
-            if action <= 4:  # a tuple: its expanded size and depth
-                if action == 1:
+            if action <= _A_TUPLE3:  # a tuple: its expanded size and depth
+                if action == _A_TUPLE_MARK:
                     m = marks.pop()
                 else:
                     m = len(stack) - (action - 1)
@@ -479,45 +455,45 @@ def _prescan(data: bytes, origin: str) -> None:
                         f"{origin}: pickle holds a tuple nested {depth} deep that expands to {weight:,} nodes "
                         "(a memo bomb: hashing it would hang or crash the unpickler); not a checkpoint")
                 stack.append((weight, depth) if weight > 1 or depth > 1 else 1)
-            elif action <= 6:
+            elif action <= _A_PUT:
                 key = (data[at] if size == 1 else from_bytes(data[at:i], "little") if size == 4
                        else int(data[at:i - 1]))
-                if action == 5:
+                if action == _A_GET:
                     stack.append(memo.get(key, 1))
                 else:
                     if not 0 <= key <= n:  # the C unpickler grows (and zero-fills) its memo array to the index
                         raise UnreadableCheckpoint(f"{origin}: corrupt pickle (memo index {key} in a pickle of {n} bytes)")
                     memo[key] = stack[-1]
-            elif action == 7:
+            elif action == _A_MEMOIZE:
                 memo[len(memo)] = stack[-1]
-            elif action == 8:
+            elif action == _A_DUP:
                 stack.append(stack[-1])
-            elif action == 9:
+            elif action == _A_MARK:
                 marks.append(len(stack))
-            elif action == 10:
+            elif action == _A_STOP:
                 return
-            elif action in (11, 12):
+            elif action in (_A_LONG_BINARY, _A_LONG_TEXT):
                 digits = i - at
-                if digits > (127 if action == 11 else 300):
-                    value = from_bytes(data[at:i], "little", signed=True) if action == 11 else int(data[at:i - 1].rstrip(b"L"))
+                if digits > (127 if action == _A_LONG_BINARY else 300):
+                    value = from_bytes(data[at:i], "little", signed=True) if action == _A_LONG_BINARY else int(data[at:i - 1].rstrip(b"L"))
                     if value.bit_length() > MAX_INT_BITS:
                         raise UnreadableCheckpoint(f"{origin}: pickle holds an integer of {value.bit_length()} bits; "
                                                    "no checkpoint value is that wide")
                 stack.append(1)
-            elif action == 13:  # GLOBAL / INST
+            elif action == _A_GLOBAL:  # GLOBAL / INST
                 if name == "INST":
                     del stack[marks.pop():]
                 stack.append(1)
-            elif action == 14:  # BUILD returns its instance: keep the instance's weight
+            elif action == _A_BUILD:  # BUILD returns its instance: keep the instance's weight
                 stack.pop()
             else:  # SETITEM(S) / DICT hash keys, ADDITEMS / FROZENSET hash members
                 built += name in ("DICT", "FROZENSET")
-                if action == 15:
+                if action == _A_SETITEM:
                     hashed = stack[-2:-1]
                     del stack[-2:]
                 else:
                     m = marks.pop()
-                    hashed = stack[m::2] if action == 16 else stack[m:]
+                    hashed = stack[m::2] if action == _A_SETITEMS else stack[m:]
                     del stack[m:]
                     if name in ("ADDITEMS", "SETITEMS"):
                         if not stack:

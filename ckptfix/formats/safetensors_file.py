@@ -13,19 +13,14 @@ import os
 import struct
 
 from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo
+from ckptfix.dtypes import SAFETENSORS_TO_TORCH, TORCH_TO_SAFETENSORS
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats.common import find_tied
 
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
 
-DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-    "U16": "uint16", "U32": "uint32", "U64": "uint64",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
-    "F8_E4M3FNUZ": "float8_e4m3fnuz", "F8_E5M2FNUZ": "float8_e5m2fnuz", "C64": "complex64",
-}
-SAFETENSORS_DTYPES = {v: k for k, v in DTYPES.items()}
+DTYPES = SAFETENSORS_TO_TORCH  # safetensors code -> torch name
+SAFETENSORS_DTYPES = TORCH_TO_SAFETENSORS
 
 
 def sniff(head: bytes) -> bool:
@@ -84,7 +79,7 @@ def _check_layout(path: str, header: dict, data_len: int) -> None:
         if not 0 <= begin <= end <= data_len:
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} data_offsets {offsets} lie outside the data ({data_len} bytes)")
         numel = math.prod(shape)
-        from ckptfix.formats.pickle_safe import DTYPE_SIZES
+        from ckptfix.dtypes import DTYPE_SIZES
 
         if end - begin != numel * DTYPE_SIZES[DTYPES[entry["dtype"]]]:
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has {end - begin} bytes for shape {shape} {entry['dtype']}")

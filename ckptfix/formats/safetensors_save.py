@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO, Callable
 
 from ckptfix.checkpoint import ByteRange
+from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
-from ckptfix.formats.pickle_safe import DTYPE_SIZES
 from ckptfix.formats.safetensors_file import SAFETENSORS_DTYPES
 from ckptfix.formats.torch_save import tensor_bytes
 from ckptfix.io import copy_range

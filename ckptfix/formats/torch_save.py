@@ -24,15 +24,13 @@ from typing import Any, BinaryIO, Callable, NamedTuple
 import numpy as np
 
 from ckptfix.checkpoint import ByteRange, file_map
+from ckptfix.dtypes import DTYPE_SIZES, STORAGE_CLASS
 from ckptfix.errors import RepairError
-from ckptfix.formats.pickle_safe import DTYPE_SIZES, OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype
+from ckptfix.formats.pickle_safe import OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype
 from ckptfix.formats.zipwriter import ZipWriter
 from ckptfix.progress import Progress
 
-_STORAGE_CLASS = {"float64": "DoubleStorage", "float32": "FloatStorage", "float16": "HalfStorage",
-                  "bfloat16": "BFloat16Storage", "int64": "LongStorage", "int32": "IntStorage",
-                  "int16": "ShortStorage", "int8": "CharStorage", "uint8": "ByteStorage", "bool": "BoolStorage",
-                  "complex64": "ComplexFloatStorage", "complex128": "ComplexDoubleStorage"}
+_STORAGE_CLASS = STORAGE_CLASS
 
 
 @dataclass

@@ -18,9 +18,9 @@ from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torc
 from ckptfix.checks import Finding
 from ckptfix.checks.reserved import never_trained_from
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
+from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
-from ckptfix.formats.pickle_safe import DTYPE_SIZES
 from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import recorded_rows
 from ckptfix.surgery.pieces import piece_rows

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ckptfix.checkpoint import widen_stored
+from ckptfix.dtypes import NUMPY_DTYPES
 from ckptfix.errors import RepairError
 
 # HF's mean_resizing samples with the old covariance scaled down by 1e-9: new rows sit at the mean,
@@ -233,5 +234,5 @@ HEAD_SHRINK = 0.6
 # Second moments of new rows: "column-mean" (the old rows' per-column mean) or "column-median".
 SECOND_MOMENT_FILL = "column-mean"
 PIECES_NOISE = 0.01
-_WRITABLE_FLOATS = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+_WRITABLE_FLOATS = {n: NUMPY_DTYPES[n] for n in ("float64", "float32", "float16", "bfloat16")}  # computable rows
 _SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "square_avg", "sum")

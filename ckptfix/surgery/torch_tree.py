@@ -10,8 +10,9 @@ import collections
 import math
 from typing import Any, Callable
 
+from ckptfix.dtypes import contiguous_stride
 from ckptfix.formats.common import iter_tensor_refs
-from ckptfix.formats.pickle_safe import StorageRef, TensorRef, contiguous_stride
+from ckptfix.formats.pickle_safe import StorageRef, TensorRef
 from ckptfix.formats.torch_save import Spliced, StorageSource
 from ckptfix.surgery.plan import DEFAULT_SCALE, RepairPlan, TensorEdit
 

@@ -159,7 +159,7 @@ def _update_index_sizes(plan: RepairPlan, folder: str) -> None:
 
 
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    from ckptfix.formats.pickle_safe import DTYPE_SIZES
+    from ckptfix.dtypes import DTYPE_SIZES
 
     return DTYPE_SIZES[dtype] * math.prod(shape)
 
