@@ -277,3 +277,38 @@ def test_torchtune_recipe_state_beside_the_model_folder(tmp_path):
     opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-3)
     opt2.load_state_dict(recipe["optimizer"])
     assert math.isfinite(_step(resumed, opt2, NEW, 2))
+
+
+@pytest.mark.lightning
+def test_lightning_hyper_parameters_follow_the_rows(tmp_path):
+    """A LightningModule that records its vocab_size with save_hyperparameters(): after repair,
+    Lightning's own `load_from_checkpoint` rebuilds it at the new size from hyper_parameters."""
+    L = pytest.importorskip("lightning")
+
+    class Lit(L.LightningModule):
+        def __init__(self, vocab_size: int = VOCAB):
+            super().__init__()
+            self.save_hyperparameters()
+            self.embed = torch.nn.Embedding(vocab_size, 16)
+            self.head = torch.nn.Linear(16, vocab_size)
+
+        def training_step(self, batch, batch_idx):
+            (ids,) = batch
+            logits = self.head(self.embed(ids[:, :-1]))
+            return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+    torch.manual_seed(0)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randint(0, VOCAB, (8, 9))), batch_size=4)
+    t = L.Trainer(max_steps=2, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                  enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+    t.fit(Lit(), data)
+    src = tmp_path / "last.ckpt"
+    t.save_checkpoint(src)
+    tok = word_level_tokenizer(tmp_path / "tok.json", NEW)
+    out = tmp_path / "fixed.ckpt"
+    ckptfix.repair(str(src), str(tok), str(out))
+    module = Lit.load_from_checkpoint(out, weights_only=True)
+    assert module.hparams.vocab_size == NEW and module.head.weight.shape == (NEW, 16)
