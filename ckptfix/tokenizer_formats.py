@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ckptfix.tokenizers import MAX_VOCAB, TokenizerInfo, _decode, _error, _require
+from ckptfix.tokenizers import MAX_VOCAB, TokenizerInfo, decode_text, require, tokenizer_error
 
 # Decompressed size limit for a gzip'd vocabulary (CLIP's is 1.6 MB).
 MAX_GZIP_TEXT = 64 << 20
@@ -51,7 +51,7 @@ def byte_token(raw: bytes) -> str:
 
 def build_info(path: Path, kind: str, base: list[str | None], specials: dict[int, str]) -> TokenizerInfo:
     """A TokenizerInfo from base tokens (index = id) and special tokens at explicit ids."""
-    _require(all(0 <= i < MAX_VOCAB for i in specials), path, "implausible special token id")
+    require(all(0 <= i < MAX_VOCAB for i in specials), path, "implausible special token id")
     size = max([len(base)] + [i + 1 for i in specials])
     added = tuple(sorted((i, content, True) for i, content in specials.items()))
     return TokenizerInfo(
@@ -76,13 +76,13 @@ def parse_tiktoken_ranks(path: Path, data: bytes) -> list[str | None]:
     for number, line in enumerate(data.splitlines(), 1):
         if not line:
             continue
-        _require(bool(_TIKTOKEN_LINE.fullmatch(line)), path, f"line {number}: not 'base64-token rank'")
+        require(bool(_TIKTOKEN_LINE.fullmatch(line)), path, f"line {number}: not 'base64-token rank'")
         token, number_text = line.split(b" ")
         try:
             ranks[int(number_text)] = base64.b64decode(token)  # as tiktoken's load_tiktoken_bpe (not strict)
         except (binascii.Error, ValueError):
-            raise _error(path, f"line {number}: bad base64 token") from None
-    _require(bool(ranks) and max(ranks) < MAX_VOCAB, path, "empty or implausible tiktoken rank file")
+            raise tokenizer_error(path, f"line {number}: bad base64 token") from None
+    require(bool(ranks) and max(ranks) < MAX_VOCAB, path, "empty or implausible tiktoken rank file")
     base: list[str | None] = [None] * (max(ranks) + 1)
     for rank, raw in ranks.items():
         base[rank] = byte_token(raw)
@@ -169,26 +169,26 @@ def load_tekken(path: Path, doc: dict) -> TokenizerInfo:
     config = doc["config"]
     size, n_special = config.get("default_vocab_size"), config.get("default_num_special_tokens")
     ok = all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_VOCAB for v in (size, n_special))
-    _require(ok and n_special <= size, path, "tekken config: bad default_vocab_size / default_num_special_tokens")
+    require(ok and n_special <= size, path, "tekken config: bad default_vocab_size / default_num_special_tokens")
     listed = doc.get("special_tokens")
     if listed is None:
         names = list(_TEKKEN_DEFAULT_SPECIALS)
     else:
-        _require(isinstance(listed, list) and all(isinstance(t, dict) for t in listed), path, "bad special_tokens")
+        require(isinstance(listed, list) and all(isinstance(t, dict) for t in listed), path, "bad special_tokens")
         names = [str(t.get("token_str")) for t in listed]
-    _require(len(names) <= n_special, path, "more special tokens than default_num_special_tokens")
+    require(len(names) <= n_special, path, "more special tokens than default_num_special_tokens")
     names += [f"<SPECIAL_{i}>" for i in range(len(names), n_special)]
     inner = size - n_special
     base: list[str | None] = [None] * size
     for entry in doc["vocab"]:
         rank = entry.get("rank") if isinstance(entry, dict) else None
-        _require(isinstance(rank, int) and rank >= 0, path, "tekken vocab entry without a rank")
+        require(isinstance(rank, int) and rank >= 0, path, "tekken vocab entry without a rank")
         if rank < inner:
             try:
                 base[n_special + rank] = byte_token(base64.b64decode(entry.get("token_bytes", ""), validate=True))
             except (binascii.Error, ValueError, TypeError):
-                raise _error(path, f"tekken vocab rank {rank}: bad token_bytes") from None
-    _require(all(t is not None for t in base[n_special:]), path, "tekken vocab has fewer ranks than its vocab size")
+                raise tokenizer_error(path, f"tekken vocab rank {rank}: bad token_bytes") from None
+    require(all(t is not None for t in base[n_special:]), path, "tekken vocab has fewer ranks than its vocab size")
     return build_info(path, "tekken", base, dict(enumerate(names)))
 
 
@@ -209,7 +209,7 @@ def load_merges(path: Path, text: str) -> TokenizerInfo:
     """A GPT-2 `vocab.bpe` / `merges.txt` alone: ids as tiktoken's data_gym_to_mergeable_bpe_ranks gives them
     (256 byte tokens, then one per merge) plus <|endoftext|>: GPT-2's 50000 merges -> 50257."""
     merges = [line.split(" ") for line in text.split("\n")[1:] if line]
-    _require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
+    require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
     base: list[str | None] = [*BYTE_ALPHABET, *("".join(m) for m in merges)]
     return build_info(path, "gpt2-bpe", base, {len(base): "<|endoftext|>"})
 
@@ -222,13 +222,13 @@ def load_clip_bpe(path: Path, data: bytes) -> TokenizerInfo:
     try:
         raw = inflater.decompress(data, MAX_GZIP_TEXT)
     except zlib.error as exc:
-        raise _error(path, f"corrupt gzip: {exc}") from None
-    _require(not inflater.unconsumed_tail, path, f"decompresses past {MAX_GZIP_TEXT >> 20} MiB")
-    text = _decode(path, raw)
+        raise tokenizer_error(path, f"corrupt gzip: {exc}") from None
+    require(not inflater.unconsumed_tail, path, f"decompresses past {MAX_GZIP_TEXT >> 20} MiB")
+    text = decode_text(path, raw)
     # open_clip skips the first line; CLIP's file has "bpe_simple_vocab_16e6.txt#version: 0.2" there
-    _require("#version:" in text.split("\n", 1)[0], path, "gzip'd file is not a BPE merges list ('#version:' header)")
+    require("#version:" in text.split("\n", 1)[0], path, "gzip'd file is not a BPE merges list ('#version:' header)")
     merges = [tuple(line.split()) for line in text.split("\n")[1:49152 - 256 - 2 + 1]]
-    _require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
+    require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
     base: list[str | None] = [*BYTE_ALPHABET, *(t + "</w>" for t in BYTE_ALPHABET), *("".join(m) for m in merges)]
     return build_info(path, "clip-bpe", base, {len(base): "<start_of_text>", len(base) + 1: "<end_of_text>"})
 
@@ -251,16 +251,16 @@ def load_rwkv(path: Path, text: str) -> TokenizerInfo:
         if not line:
             continue
         match = _RWKV_LINE.fullmatch(line)
-        _require(match is not None, path, f"line {number}: not 'id token length'")
+        require(match is not None, path, f"line {number}: not 'id token length'")
         assert match is not None
         try:
             value = ast.literal_eval(match.group(2))
         except (ValueError, SyntaxError):
-            raise _error(path, f"line {number}: bad token literal") from None
+            raise tokenizer_error(path, f"line {number}: bad token literal") from None
         raw = value.encode("utf-8") if isinstance(value, str) else value
-        _require(isinstance(raw, bytes) and len(raw) == int(match.group(3)), path, f"line {number}: length mismatch")
+        require(isinstance(raw, bytes) and len(raw) == int(match.group(3)), path, f"line {number}: length mismatch")
         tokens[int(match.group(1))] = byte_token(raw)
-    _require(bool(tokens) and max(tokens) < MAX_VOCAB, path, "empty or implausible RWKV vocab")
+    require(bool(tokens) and max(tokens) < MAX_VOCAB, path, "empty or implausible RWKV vocab")
     base: list[str | None] = [None] * (max(tokens) + 1)
     for token_id, token in tokens.items():
         base[token_id] = token

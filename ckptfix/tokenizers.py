@@ -91,11 +91,11 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
     try:
         is_dir, exists = p.is_dir(), p.exists()
     except OSError as exc:  # e.g. a name too long for the file system
-        raise _error(p, f"cannot access: {exc.strerror or exc}") from None
+        raise tokenizer_error(p, f"cannot access: {exc.strerror or exc}") from None
     if is_dir:
         return _load_folder(p)
     if not exists:
-        raise _error(p, "no such file or folder")
+        raise tokenizer_error(p, "no such file or folder")
     data = _read_bytes(p)
     from ckptfix import tokenizer_formats as formats  # deferred: it imports this module's helpers
 
@@ -113,7 +113,7 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
     found = _load_by_content(p, data)
     if found is not None:
         return found
-    raise _error(p, f"{_describe_non_tokenizer(data)}; expected a tokenizer file ({SUPPORTED}) or a folder")
+    raise tokenizer_error(p, f"{_describe_non_tokenizer(data)}; expected a tokenizer file ({SUPPORTED}) or a folder")
 
 
 # transformers' BertTokenizer defaults, in SPECIAL_TOKENS_ATTRIBUTES order (unk, sep, pad, cls, mask).
@@ -194,7 +194,7 @@ def _load_folder(folder: Path) -> TokenizerInfo:
         if other is not None:
             return load_tokenizer(other)
         if not found:
-            raise _error(folder, f"folder has no tokenizer files (looked for {', '.join(_FOLDER_FILES)})")
+            raise tokenizer_error(folder, f"folder has no tokenizer files (looked for {', '.join(_FOLDER_FILES)})")
     source = found[next(iter(found))]  # first in preference order
     if source.name == "tokenizer.model" and not _is_sentencepiece_proto(_read_bytes(source)):
         return load_tokenizer(source)  # Llama 3/4's tokenizer.model is a tiktoken rank file
@@ -225,17 +225,17 @@ def _config_added_tokens(folder: Path, config: dict, legacy: bool) -> list[tuple
     if not legacy:
         decoder = config["added_tokens_decoder"]
         where = folder / "tokenizer_config.json"
-        _require(isinstance(decoder, dict), where, "'added_tokens_decoder' is not an object")
+        require(isinstance(decoder, dict), where, "'added_tokens_decoder' is not an object")
         for key, token in decoder.items():
             content = _token_content(token)
             ok = key.isascii() and key.isdigit() and content is not None
-            _require(ok, where, f"bad added_tokens_decoder entry {key!r}")
+            require(ok, where, f"bad added_tokens_decoder entry {key!r}")
             special = bool(token.get("special", False)) if isinstance(token, dict) else False
             entries.append((int(key), str(content), special))
     else:
         table = _read_optional_json(folder / "added_tokens.json")
         for content, token_id in table.items():
-            _require(_is_id(token_id), folder / "added_tokens.json", f"id of {content!r} is not a token id")
+            require(_is_id(token_id), folder / "added_tokens.json", f"id of {content!r} is not a token id")
             entries.append((token_id, content, False))
     return [(content, special) for _, content, special in sorted(entries)]
 
@@ -267,31 +267,31 @@ def _parse_tokenizer_json(path: Path, doc: Any) -> tuple[list[str | None], list[
     if not isinstance(model, dict) or "vocab" not in model:
         is_config = isinstance(doc, dict) and "tokenizer_class" in doc
         hint = " (a tokenizer_config.json? pass its folder)" if is_config else ""
-        raise _error(path, f"JSON is not a tokenizer.json: no 'model.vocab'{hint}")
+        raise tokenizer_error(path, f"JSON is not a tokenizer.json: no 'model.vocab'{hint}")
     vocab = model["vocab"]
     if isinstance(vocab, list):  # Unigram: [[piece, score], ...], id = position
-        _require(all(isinstance(e, list) and e and isinstance(e[0], str) for e in vocab), path, "bad Unigram vocab")
-        _require(len(vocab) <= MAX_VOCAB, path, f"implausible vocabulary size {len(vocab)}")
+        require(all(isinstance(e, list) and e and isinstance(e[0], str) for e in vocab), path, "bad Unigram vocab")
+        require(len(vocab) <= MAX_VOCAB, path, f"implausible vocabulary size {len(vocab)}")
         base: list[str | None] = [entry[0] for entry in vocab]
     else:
         base = _base_from_dict(path, vocab, "model.vocab")
     added_list = doc.get("added_tokens") or []
-    _require(isinstance(added_list, list), path, "'added_tokens' is not a list")
+    require(isinstance(added_list, list), path, "'added_tokens' is not a list")
     added = []
     for entry in added_list:
         ok = isinstance(entry, dict) and isinstance(entry.get("content"), str)
-        _require(ok, path, f"bad added_tokens entry {str(entry)[:60]!r}")
+        require(ok, path, f"bad added_tokens entry {str(entry)[:60]!r}")
         added.append((entry["content"], bool(entry.get("special", False))))
     return base, added
 
 
 def _base_from_dict(path: Path, vocab: Any, what: str) -> list[str | None]:
     """{token: id} -> list indexed by id, None for ids no token uses."""
-    _require(isinstance(vocab, dict), path, f"{what} is not an object of token: id")
+    require(isinstance(vocab, dict), path, f"{what} is not an object of token: id")
     bad = next((t for t, i in vocab.items() if not _is_id(i)), None)
-    _require(bad is None, path, f"{what}: id of {bad!r} is not a token id")
+    require(bad is None, path, f"{what}: id of {bad!r} is not a token id")
     size = max(vocab.values(), default=-1) + 1
-    _require(size <= MAX_VOCAB, path, f"{what}: implausible token id {size - 1}")
+    require(size <= MAX_VOCAB, path, f"{what}: implausible token id {size - 1}")
     base: list[str | None] = [None] * size
     for token, token_id in vocab.items():
         base[token_id] = token
@@ -300,7 +300,7 @@ def _base_from_dict(path: Path, vocab: Any, what: str) -> list[str | None]:
 
 def _parse_vocab_txt(path: Path) -> list[str | None]:
     """One token per line, id = line number, read the way `tokenizers`' WordPiece reads vocab.txt."""
-    lines = _decode(path, _read_bytes(path)).split("\n")  # not splitlines(): \x85, \u2028 are not line breaks
+    lines = decode_text(path, _read_bytes(path)).split("\n")  # not splitlines(): \x85, \u2028 are not line breaks
     if lines[-1] == "":
         lines.pop()
     # Rust's trim_end(); a repeated token keeps its last line, leaving a hole at the earlier id.
@@ -310,7 +310,7 @@ def _parse_vocab_txt(path: Path) -> list[str | None]:
 def _parse_sentencepiece(path: Path, data: bytes) -> tuple[list[str | None], tuple[str, ...]]:
     """Pieces (index = id) and control/unknown pieces of a serialized sentencepiece ModelProto."""
     if not _is_sentencepiece_proto(data):
-        raise _error(path, "corrupt sentencepiece model (not a valid ModelProto; truncated?)")
+        raise tokenizer_error(path, "corrupt sentencepiece model (not a valid ModelProto; truncated?)")
     import sentencepiece  # deferred: only needed for .model files
 
     processor = sentencepiece.SentencePieceProcessor()
@@ -319,9 +319,9 @@ def _parse_sentencepiece(path: Path, data: bytes) -> tuple[list[str | None], tup
         names = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
         specials = tuple(p for i, p in enumerate(names) if processor.is_control(i) or processor.is_unknown(i))
     except Exception as exc:  # the C++ library reports bad models with assorted types (a non-UTF-8 piece too)
-        raise _error(path, f"corrupt sentencepiece model: {exc}") from None
+        raise tokenizer_error(path, f"corrupt sentencepiece model: {exc}") from None
     if not names:
-        raise _error(path, "sentencepiece model has no pieces")
+        raise tokenizer_error(path, "sentencepiece model has no pieces")
     return list(names), specials
 
 
@@ -382,7 +382,7 @@ def _read_bytes(path: Path) -> bytes:
     # without blocking), bounded (a sparse 6 GB file is refused before anything is allocated).
     data = read_bounded(path, MAX_TOKENIZER_BYTES, what="tokenizer file", error=TokenizerError)
     if not data:
-        raise _error(path, "file is empty")
+        raise tokenizer_error(path, "file is empty")
     return data
 
 
@@ -390,11 +390,11 @@ def _looks_like_json(data: bytes) -> bool:
     return data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] in (b"{", b"[")
 
 
-def _decode(path: Path, data: bytes) -> str:
+def decode_text(path: Path, data: bytes) -> str:
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        raise _error(path, f"not UTF-8 text (byte {exc.start})") from None
+        raise tokenizer_error(path, f"not UTF-8 text (byte {exc.start})") from None
 
 
 def _parse_json(path: Path, data: bytes) -> Any:
@@ -410,7 +410,7 @@ def _read_optional_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     doc = _read_json(path)
-    _require(isinstance(doc, dict), path, "expected a JSON object")
+    require(isinstance(doc, dict), path, "expected a JSON object")
     return doc
 
 
@@ -425,10 +425,10 @@ def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_VOCAB
 
 
-def _require(ok: bool, path: Path, problem: str) -> None:
+def require(ok: bool, path: Path, problem: str) -> None:
     if not ok:
-        raise _error(path, problem)
+        raise tokenizer_error(path, problem)
 
 
-def _error(path: Path, problem: str) -> TokenizerError:
+def tokenizer_error(path: Path, problem: str) -> TokenizerError:
     return TokenizerError(" ".join(f"{path}: {problem}".splitlines()))  # callers print it as one line

@@ -422,10 +422,10 @@ def _tree(path: str, items: dict[str, Item], ckpt: Checkpoint, trust_pickle: boo
     pending: list[Any] = []
     unread: list[str] = []
     for item in items.values():
-        value = _tensor(path, item, pending) if item.is_tensor else _object(path, item, trust_pickle)
+        value = _tensor(path, item, pending) if item.is_tensor else object_value(path, item, trust_pickle)
         if isinstance(value, dict) and set(value) == {"unread"}:
             unread.append(f"{item.fqn} ({value['unread']})")
-        _insert(root, item.path, value)
+        insert_at(root, item.path, value)
     if unread:
         ckpt.notes.append(f"{len(unread)} non-tensor item(s) not unpickled: {', '.join(unread[:3])}"
                           f"{', ...' if len(unread) > 3 else ''}; repair carries them unchanged")
@@ -435,7 +435,7 @@ def _tree(path: str, items: dict[str, Item], ckpt: Checkpoint, trust_pickle: boo
     return _listify(root)
 
 
-def _insert(root: dict, keys: tuple, value: Any) -> None:
+def insert_at(root: dict, keys: tuple, value: Any) -> None:
     node = root
     for key in keys[:-1]:
         node = node.setdefault(key, {})
@@ -472,7 +472,7 @@ def _flat_tensors(node: dict, prefix: str = "") -> dict[str, TensorInfo]:
     return out
 
 
-def _object(path: str, item: Item, trust_pickle: bool) -> Any:
+def object_value(path: str, item: Item, trust_pickle: bool) -> Any:
     """A non-tensor item: a small `torch.save`d object, unpickled with the allowlist."""
     if len(item.blobs) != 1:
         raise UnreadableCheckpoint(f"{path}: item {item.fqn!r} has {len(item.blobs)} storage records, expected 1")

@@ -159,7 +159,7 @@ def _plan_scheduler_reset(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits) 
         if last == "lr" or last.endswith(".lr"):
             sibling = by_path.get(item.path[:-1] + (last[:-2] + "initial_lr",))
             if sibling is not None:
-                value = dcp_folder._object(plan.ckpt.path, sibling, False)
+                value = dcp_folder.object_value(plan.ckpt.path, sibling, False)
                 if isinstance(value, (int, float)):
                     edits.writes[fqn] = (item.path, value)
 
@@ -182,7 +182,7 @@ def _save_changed(edits: DcpEdits, folder: str, name: str) -> str:
         return name
     tree: dict = {}
     for path, value in edits.writes.values():
-        dcp_folder._insert(tree, path, value)
+        dcp_folder.insert_at(tree, path, value)
     scratch = tempfile.mkdtemp(prefix=".dcp-save", dir=folder)
     try:
         single = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
