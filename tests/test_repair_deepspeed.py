@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from ckpt_factory import new_run, train
+import ckptfix
 from ckptfix.cli import main
 from ckptfix.errors import RepairError
 from ckptfix.formats import detect, read_checkpoint
@@ -81,3 +82,11 @@ def test_cli_repair_exits_2_with_one_line_and_writes_nothing(ds_folder, tmp_path
     assert "Traceback" not in stderr and stdout == ""
     assert not out.exists() and os.listdir(tmp_path) == []
     assert snapshot(folder) == before
+
+
+def test_dry_run_refuses_what_the_real_run_refuses(ds_folder):
+    """A dry run never says "would write" for a checkpoint the real run refuses; the hint carries the flag
+    that makes ds_to_universal accept an engine.save_checkpoint folder of a ZeRO-1/2 run."""
+    folder, tok = ds_folder
+    with pytest.raises(RepairError, match="ds_to_universal .*--inject_missing_state"):
+        ckptfix.repair(folder, tok, dry_run=True)

@@ -99,7 +99,8 @@ def repair_unsupported(path: str) -> str:
     return (f"{path}: DeepSpeed ZeRO checkpoint: ckptfix inspects it but cannot repair it, because parameters and "
             "optimizer moments are flattened and partitioned across ranks. A full repair needs DeepSpeed's own "
             f"universal-checkpoint tool: python -m deepspeed.checkpoint.ds_to_universal --input_folder {tag_dir} "
-            f"--output_folder {tag_dir.rstrip(os.sep)}_universal, then resume with \"load_universal_checkpoint\": true "
+            f"--output_folder {tag_dir.rstrip(os.sep)}_universal --inject_missing_state (engine.save_checkpoint "
+            "of a ZeRO-1/2 run records no universal_checkpoint_info: without that flag the tool stops), then resume with \"load_universal_checkpoint\": true "
             "(for weights alone, zero_to_fp32.py in the checkpoint folder writes a consolidated state dict).")
 
 

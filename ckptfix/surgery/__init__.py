@@ -83,7 +83,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     if in_place:
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                 std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
-                                trust_pickle=trust_pickle, seed=seed)
+                                trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids)
     if not dry_run and out is not None:  # refused before anything is read, hashed or written
         check_output_path(source, os.fspath(out), force=force)
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
@@ -97,6 +97,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
         plan = make_plan(analyse(ckpt, tok, from_tokenizer=old_tok), tok, old_tok, policy=policy, init=init,
                          std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
+        # looked up before --dry-run returns: a dry run never says "would write" for what the real run refuses
+        writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
         if dry_run:
             return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
         if out is None:
@@ -106,10 +108,9 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         if os.path.lexists(out) and not force:
             raise RepairError(f"{out}: already exists; pass --force to replace it"
                               + (" (the original is kept as a .bak)" if in_place else ""))
-        if plan.is_noop():
+        if writer is None:
             return RepairResult(plan, None, False, build_record(plan, None),
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
-        writer = _writer_for(ckpt.format, ckpt.path)
         check_output_path(source, out, force=force, sidecar=_writes_sidecar(ckpt))
         if hasher is None:  # `out` existed at the first check and is gone now
             hasher = BackgroundHash(source, paced=paced)
@@ -130,7 +131,7 @@ IN_PLACE_FORMATS = ("dcp",)
 
 def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str | None,
                      std: float, pad_to_multiple_of: int | None, dry_run: bool, trust_pickle: bool,
-                     seed: int) -> RepairResult:
+                     seed: int, keep_ids: bool = False) -> RepairResult:
     """Only what changes is written, into the source itself. The source is not hashed for the record
     (that would read the whole folder, the cost in-place exists to avoid)."""
     from ckptfix.tokenizers import load_tokenizer
@@ -143,12 +144,12 @@ def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: A
                           "repair into a new path with -o")
     tok = load_tokenizer(tokenizer)
     old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-    plan = make_plan(analyse(ckpt, tok), tok, old_tok, policy=policy, init=init, std=std,
-                     pad_to_multiple_of=pad_to_multiple_of)
-    if dry_run or plan.is_noop():
+    plan = make_plan(analyse(ckpt, tok, from_tokenizer=old_tok), tok, old_tok, policy=policy, init=init, std=std,
+                     pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
+    writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
+    if dry_run or writer is None:
         notes = [] if dry_run else ["nothing to change: the checkpoint already fits the tokenizer; nothing written"]
         return RepairResult(plan, source if dry_run else None, dry_run, build_record(plan, None), notes=notes)
-    writer = _writer_for(ckpt.format, ckpt.path)
     backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True,
                     incremental=True)
     return RepairResult(plan, source, False, build_record(plan, None), backup=backup)
