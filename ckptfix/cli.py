@@ -157,13 +157,13 @@ def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, quiet: 
 @cli.command()
 @click.argument("folder", type=click.Path())
 def restore(folder: str) -> None:
-    """Undo `ckptfix repair --in-place` on FOLDER: the previous metadata back, the added files removed.
+    """Undo `ckptfix repair --in-place` on FOLDER: the previous metadata/index back, the added files removed.
 
     \b
     Example:
       ckptfix restore checkpoints/step-1000
     """
-    from ckptfix.surgery.write_dcp import restore as run_restore
+    from ckptfix.surgery.undo import restore as run_restore
 
     for line in run_restore(folder):
         click.echo(line)

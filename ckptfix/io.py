@@ -481,14 +481,16 @@ def _copy_link(src: str, dst: str, root: str) -> None:
     os.symlink(target if inside else os.path.abspath(resolved), dst)
 
 
-def copy_input_entry(src: str, dst: str, root: str) -> None:
+def copy_input_entry(src: str, dst: str, root: str) -> list[str]:
     """Copy one entry of the input folder `root` into the output, taking only what really lives there:
     regular files are copied, folders walked (explicitly, links not followed), symlinks reproduced as
     links and never read (one that points inside `root` keeps its relative text; one that points
     outside becomes an absolute link to the same target, whose bytes are never copied). A FIFO, device
-    or socket is refused."""
+    or socket is refused. Files are copied with `clone_file` (reflink, else copy_file_range; never a hard
+    link); returns the method used for each."""
     from ckptfix.untrusted import escape
 
+    methods: list[str] = []
     stack = [(src, dst)]
     folders: list[tuple[str, str]] = []
     while stack:  # explicit: a folder nested thousands deep must not exhaust the Python stack
@@ -501,10 +503,12 @@ def copy_input_entry(src: str, dst: str, root: str) -> None:
             folders.append((src, dst))
             stack.extend((os.path.join(src, n), os.path.join(dst, n)) for n in sorted(os.listdir(src)))
         elif stat.S_ISREG(st.st_mode):
-            shutil.copy2(src, dst)
+            methods.append(clone_file(src, dst))
+            shutil.copystat(src, dst)
         else:
             kind = "a named pipe" if stat.S_ISFIFO(st.st_mode) else "a device, socket or special file"
             raise RepairError(f"{escape(src)}: {kind}, not a regular file; a folder copy takes no FIFOs, "
                               "devices or sockets")
     for src, dst in reversed(folders):  # times last: filling a folder changes its mtime
         shutil.copystat(src, dst)
+    return methods

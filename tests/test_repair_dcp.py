@@ -243,3 +243,25 @@ def test_tied_head_single_process_keeps_optimizer_state(tokenizers, tmp_path):
     assert float(moments["step"]) == STEPS
     assert same_bits(moments["exp_avg_sq"][:OLD], was["exp_avg_sq"]) and fresh.model.head.weight is fresh.model.embedding.weight
     assert_trains(train_on(fresh, 64))
+
+
+def test_cli_in_place_and_restore(source, tokenizers, tmp_path, capsys):
+    import shutil
+
+    from ckptfix.cli import main
+
+    path, before, _ = source
+    copy = tmp_path / "ckpt"
+    shutil.copytree(path, copy)
+    with pytest.raises(SystemExit) as exc:
+        main(["repair", str(copy), "-t", str(tokenizers[64]), "--in-place", "-o", str(tmp_path / "x")])
+    assert exc.value.code == 2 and "drop -o" in capsys.readouterr().err
+    main(["repair", str(copy), "-t", str(tokenizers[64]), "--in-place"])
+    out = capsys.readouterr().out
+    assert "ckptfix restore" in out and read_checkpoint(copy).model[EMBED].shape == (64, 16)
+    main(["restore", str(copy)])
+    assert "restored .metadata" in capsys.readouterr().out
+    assert snapshot(copy) == snapshot(path)
+    with pytest.raises(SystemExit) as exc:
+        main(["restore", str(copy)])
+    assert exc.value.code == 2  # nothing to undo: one line, exit 2

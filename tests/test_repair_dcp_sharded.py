@@ -133,7 +133,7 @@ def test_in_place_writes_only_the_changed_pieces_and_restore_undoes_it(two_ranks
 
     with pytest.raises(RepairError, match="earlier in-place repair"):
         ckptfix.repair(folder, tokenizers[64], in_place=True, policy="fresh")
-    from ckptfix.surgery.write_dcp import restore
+    from ckptfix.surgery.undo import restore
 
     restore(str(folder))
     assert files(folder) == before

@@ -74,8 +74,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     token's text; the default when `from_tokenizer` is given), "mean" (HF mean_resizing; the default
     otherwise), "zeros" or "normal" (with `std`).
     `out` may equal the input only with `force`; the original is then kept as a `.bak`.
-    `in_place` (DCP folders): rewrite only what changes inside the source folder, keeping the previous
-    metadata as a backup that `ckptfix restore` puts back; `out` must then be omitted.
+    `in_place` (DCP and sharded HF folders): rewrite only what changes inside the source folder, keeping
+    the previous metadata/index as a backup that `ckptfix restore` puts back; `out` must then be omitted.
     """
     from ckptfix.tokenizers import load_tokenizer
 
@@ -126,7 +126,17 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
             hasher.release()
 
 
-IN_PLACE_FORMATS = ("dcp",)
+IN_PLACE_FORMATS = ("dcp", "hf-model", "hf-trainer")
+
+
+def _in_place_writer(fmt: str) -> Callable[..., str]:
+    if fmt == "dcp":
+        from ckptfix.surgery.write_dcp import write_dcp_folder
+
+        return lambda *args, **kw: write_dcp_folder(*args, incremental=True, **kw)
+    from ckptfix.surgery.write_hf_inplace import write_hf_in_place
+
+    return write_hf_in_place
 
 
 def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str | None,
@@ -146,12 +156,11 @@ def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: A
     old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
     plan = make_plan(analyse(ckpt, tok, from_tokenizer=old_tok), tok, old_tok, policy=policy, init=init, std=std,
                      pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
-    writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
+    writer = None if plan.is_noop() else _in_place_writer(ckpt.format)
     if dry_run or writer is None:
         notes = [] if dry_run else ["nothing to change: the checkpoint already fits the tokenizer; nothing written"]
         return RepairResult(plan, source if dry_run else None, dry_run, build_record(plan, None), notes=notes)
-    backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True,
-                    incremental=True)
+    backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True)
     return RepairResult(plan, source, False, build_record(plan, None), backup=backup)
 
 

@@ -31,7 +31,6 @@ it: a template from `get_state_dict` must have its optimizer `state` emptied fir
 from __future__ import annotations
 
 import inspect
-import json
 import os
 import shutil
 import tempfile
@@ -45,12 +44,11 @@ import numpy as np
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout, Item
-from ckptfix.io import atomic_folder, backup_path, clone_files, fsync_dir
+from ckptfix.io import atomic_folder, backup_path, clone_files, copy_input_entry, fsync_dir
 from ckptfix.surgery.plan import RepairPlan
+from ckptfix.surgery.undo import BACKUP_SUFFIX, RESTORE_FILE, InPlace, atomic_write
 
-RESTORE_FILE = "ckptfix-restore.json"
 RECORD_FILE = "ckptfix.json"
-BACKUP_SUFFIX = ".ckptfix-bak"
 
 
 @dataclass
@@ -75,7 +73,9 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
         metadata = merged_metadata(layout, edits, new_file, tmp, src)
         referenced = sorted({info.relative_path for info in metadata.storage_data.values()} - {new_file})
         extras = _other_files(src)
-        method = clone_files([(os.path.join(src, name), os.path.join(tmp, name)) for name in referenced + extras])
+        method = clone_files([(os.path.join(src, name), os.path.join(tmp, name)) for name in referenced])
+        for name in extras:  # links stay links, never followed out of the folder; FIFOs refused
+            copy_input_entry(os.path.join(src, name), os.path.join(tmp, name), src)
         plan.notes.append(f"DCP: {len(referenced)} data file(s) copied ({method}); changed tensors written to "
                           f"{new_file}")
         _write_metadata(metadata, os.path.join(tmp, METADATA_FILE))
@@ -265,8 +265,7 @@ def _write_metadata(metadata: Any, path: str) -> None:
 def _other_files(src: str) -> list[str]:
     """Files beside the data that belong to the checkpoint (Lightning's meta.pt, a user's notes), not ours."""
     ours = {METADATA_FILE, RECORD_FILE, RESTORE_FILE}
-    return sorted(n for n in os.listdir(src) if os.path.isfile(os.path.join(src, n)) and n not in ours
-                  and not n.endswith((".distcp", BACKUP_SUFFIX)))
+    return sorted(n for n in os.listdir(src) if n not in ours and not n.endswith((".distcp", BACKUP_SUFFIX)))
 
 
 def _record(record_fn: Callable[[], dict]) -> bytes:
@@ -275,78 +274,29 @@ def _record(record_fn: Callable[[], dict]) -> bytes:
     return record_json(record_fn())
 
 
-# --- in place + restore ---------------------------------------------------------------------------------
+# --- in place ---------------------------------------------------------------------------------------------
 
 def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record_fn: Callable[[], dict]) -> str:
     """New data file + backups + one atomic rename of `.metadata`; returns the backup of the metadata."""
     folder = plan.ckpt.path
-    if os.path.exists(os.path.join(folder, RESTORE_FILE)):
-        raise RepairError(f"{folder}: holds an earlier in-place repair; `ckptfix restore {folder}` it first, "
-                          "or repair into a new folder (-o)")
+    undo = InPlace(folder, METADATA_FILE)
     new_file = _new_data_name(folder)
-    added = [new_file] if edits.writes else []
     try:
+        if edits.writes:
+            undo.add(new_file)
         _save_changed(edits, folder, new_file)
         metadata = merged_metadata(layout, edits, new_file, folder, folder)
-        backups = {}
-        for name in (METADATA_FILE, RECORD_FILE):
-            if os.path.exists(os.path.join(folder, name)):
-                shutil.copy2(os.path.join(folder, name), os.path.join(folder, name + BACKUP_SUFFIX))
-                backups[name] = name + BACKUP_SUFFIX
-        _atomic_write(os.path.join(folder, RESTORE_FILE),
-                      json.dumps({"added": added, "backups": backups}, indent=2).encode())
-        _atomic_write(os.path.join(folder, RECORD_FILE), _record(record_fn))
-        tmp = os.path.join(folder, f".{METADATA_FILE}.ckptfix-tmp")
+        backup = undo.keep(METADATA_FILE)
+        undo.keep(RECORD_FILE)
+        atomic_write(undo.path(RECORD_FILE), _record(record_fn))
+        undo.commit()
+        tmp = undo.path(f".{METADATA_FILE}.ckptfix-tmp")
         _write_metadata(metadata, tmp)
-        os.replace(tmp, os.path.join(folder, METADATA_FILE))  # the one step that switches the checkpoint
+        os.replace(tmp, undo.path(METADATA_FILE))  # the one step that switches the checkpoint
         fsync_dir(folder)
     except BaseException:
-        for name in added:
-            with _suppress():
-                os.remove(os.path.join(folder, name))
+        undo.abandon()
         raise
     plan.notes.append(f"DCP in place: changed tensors written to {new_file}; the previous .metadata is kept as "
                       f"{METADATA_FILE}{BACKUP_SUFFIX} (undo: ckptfix restore {folder})")
-    return os.path.join(folder, METADATA_FILE + BACKUP_SUFFIX)
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = path + ".ckptfix-tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return exc[0] is not None and issubclass(exc[0], OSError)
-
-
-def restore(folder: str) -> list[str]:
-    """Undo an in-place repair: the backed-up files back under their names (`.metadata` first: it is what
-    switches the checkpoint), then the added data files removed. Returns what was done, one line each."""
-    record = os.path.join(folder, RESTORE_FILE)
-    try:
-        with open(record, "rb") as f:
-            state = json.loads(f.read())
-    except (OSError, ValueError):
-        raise RepairError(f"{folder}: no in-place repair to undo ({RESTORE_FILE} missing or unreadable)") from None
-    done = []
-    backups = state.get("backups") or {}
-    for name in sorted(backups, key=lambda n: n != METADATA_FILE):  # `.metadata` first: the checkpoint's switch
-        os.replace(os.path.join(folder, os.path.basename(backups[name])), os.path.join(folder, os.path.basename(name)))
-        done.append(f"restored {name}")
-    if RECORD_FILE not in backups and os.path.exists(os.path.join(folder, RECORD_FILE)):
-        os.remove(os.path.join(folder, RECORD_FILE))
-    for name in state.get("added") or []:
-        with _suppress():
-            os.remove(os.path.join(folder, os.path.basename(name)))
-            done.append(f"removed {name}")
-    os.remove(record)
-    fsync_dir(folder)
-    return done
+    return backup or ""

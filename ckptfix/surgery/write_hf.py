@@ -64,6 +64,7 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
     source = plan.ckpt.path
     edited_files = {plan.ckpt.model[name].locate().file for name in plan.weights}
     backup = backup_path(out) if in_place and os.path.exists(out) else None
+    copied: dict[str, int] = {}
     with atomic_folder(out, backup=in_place) as tmp:
         for name in sorted(os.listdir(source)):
             src, dst = os.path.join(source, name), os.path.join(tmp, name)
@@ -72,10 +73,13 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
             if os.path.realpath(src) in {os.path.realpath(p) for p in edited_files}:
                 _rewrite_weights(plan, src, dst, rng, progress)
             elif not (os.path.isfile(src) and _rewrite_training_file(plan, name, src, dst, rng, progress)):
-                copy_input_entry(src, dst, source)  # regular files; links stay links, never followed out
+                for method in copy_input_entry(src, dst, source):  # links stay links, never followed out
+                    copied[method] = copied.get(method, 0) + 1
             if os.path.isfile(dst) and not os.path.islink(dst):  # a rewritten file keeps its source's mode
                 shutil.copymode(src, dst)
         _write_recipe_state(plan, tmp, rng, progress)
+        if copied:
+            plan.notes.append("unchanged files copied: " + ", ".join(f"{m} x{n}" for m, n in copied.items()))
         _update_index_sizes(plan, tmp)
         _copy_tokenizer(plan.tokenizer, tmp)
         with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
