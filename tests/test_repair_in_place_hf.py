@@ -11,10 +11,10 @@ import json
 
 import pytest
 import torch
+from tokenizer_factory import train_bpe_tokenizer_json
 
 import ckptfix
 from ckptfix.surgery.undo import restore
-from tokenizer_factory import train_bpe_tokenizer_json
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.transformers
