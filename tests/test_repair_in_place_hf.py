@@ -39,7 +39,7 @@ def test_in_place_rewrites_only_the_vocab_shards(tmp_path):
     tok = train_bpe_tokenizer_json(tmp_path, 80, name="bpe80.json")
     before = files(folder)
 
-    result = ckptfix.repair(folder, tok, in_place=True)
+    result = ckptfix.repair(folder, tok, in_place=True, keep_ids=True)  # a synthetic tokenizer: ids as trained
     after = files(folder)
     assert result.backup and result.backup.endswith("model.safetensors.index.json.ckptfix-bak")
     for name, data in before.items():
