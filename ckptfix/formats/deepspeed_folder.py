@@ -31,9 +31,20 @@ import glob
 import math
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ckptfix.checkpoint import Checkpoint, OptimizerState, ParamGroup, ParamState, TensorInfo, read_scalar
+import numpy as np
+
+from ckptfix.checkpoint import (
+    Checkpoint,
+    OptimizerState,
+    ParamGroup,
+    ParamState,
+    TensorInfo,
+    read_scalar,
+    stored_to_torch,
+)
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common, torch_file
 from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef
@@ -162,6 +173,10 @@ def _zero_optimizer(ckpt: Checkpoint, model_tree: Mapping, files: list[str], tru
             state.update(_views(flat_state, offsets, shapes, first, ckpt.files["optimizer"]))
             if stage == 3:
                 ckpt.model.update(_master_weights(flat, offsets, shapes, first["locate_for"]))
+        elif shapes:
+            state.update(_gathered_state(parts, g, shapes, stage))
+            if stage == 3:
+                ckpt.model.update(_gathered_weights(parts, g, shapes))
     kind_probe = {g: ParamState(tensors={k: v for k, v in s.items() if isinstance(v, TensorRef)})  # type: ignore[misc]
                   for g, s in first["state"].items() if isinstance(s, Mapping)}
     ckpt.optimizer = OptimizerState(kind=common.infer_kind(kind_probe, groups), groups=groups, state=state)
@@ -180,10 +195,11 @@ def _zero_optimizer(ckpt: Checkpoint, model_tree: Mapping, files: list[str], tru
     if stage == 3 and single:
         ckpt.notes.append("ZeRO-3: model weights are the fp32 master partitions (module holds empty placeholders)")
     if not single:
-        ckpt.notes.append(f"parameters are split over {len(parts)} data-parallel partitions: per-parameter moments "
-                          "are not reconstructed; use DeepSpeed's ds_to_universal.py for a per-parameter view")
+        ckpt.notes.append(f"parameters are split over {len(parts)} data-parallel partitions (world size {len(parts)} "
+                          "at save time): each parameter's moments"
+                          + (" and fp32 weights" if stage == 3 else "") + " are assembled from its pieces")
         if stage == 3:
-            _placeholders(ckpt, names)
+            _placeholders(ckpt, [{n: s for n, s in group.items() if n not in ckpt.model} for group in names])
 
 
 def _partition(file: str, trust_pickle: bool) -> dict[str, Any]:
@@ -342,3 +358,98 @@ def _placeholders(ckpt: Checkpoint, names: list[Mapping[str, tuple]]) -> None:
         for name, shape in group.items():
             ckpt.model[name] = TensorInfo(name=name, shape=shape, dtype="float32",
                                           locate=refuse, storage_id=f"zero3:{name}", is_parameter=True)
+
+
+# --- several data-parallel partitions ---------------------------------------------------------------
+
+@dataclass
+class AssembledTensor(TensorInfo):
+    """A parameter (or one of its moments) spread over ranks' flat partitions: `pieces` are 1-D views
+    (TensorInfo) with where each starts in the flattened parameter; `read_stored()` concatenates them."""
+
+    pieces: list = field(default_factory=list)
+
+    def read_stored(self) -> np.ndarray:
+        first = self.pieces[0][0].read_stored() if self.pieces else np.zeros(0, dtype=np.float32)
+        out = np.empty(self.numel, dtype=first.dtype)
+        for view, dest in self.pieces:
+            out[dest:dest + view.numel] = view.read_stored()
+        out.flags.writeable = False
+        return out.reshape(self.shape)
+
+    def to_torch(self):
+        return stored_to_torch(self.read_stored().copy(), self.dtype)
+
+
+def _layout(shapes: Mapping[str, tuple], stage: int | None, world: int, part_numel: int) -> dict[str, list]:
+    """Where each parameter's elements lie: [(rank, start in that rank's flat partition, start in the
+    parameter, count)]. ZeRO-1/2 split the group's flat buffer (parameters back to back, in param_shapes
+    order) into `world` equal partitions; ZeRO-3 splits each parameter into ceil(numel/world) pieces,
+    rank r holding piece r of every parameter back to back (as DeepSpeed's zero_to_fp32 reads them)."""
+    out, offset = {}, 0
+    for name, shape in shapes.items():
+        numel, pieces = _numel(shape), []
+        if stage == 3:
+            size = -(-numel // world)
+            pieces = [(r, offset, r * size, min(size, numel - r * size)) for r in range(world) if r * size < numel]
+            offset += size
+        else:
+            pos = offset
+            while pos < offset + numel:
+                rank = pos // part_numel
+                count = min(offset + numel, (rank + 1) * part_numel) - pos
+                pieces.append((rank, pos - rank * part_numel, pos - offset, count))
+                pos += count
+            offset += numel
+        out[name] = pieces
+    return out
+
+
+def _assembled(name: str, shape: tuple, flats: list, pieces: list, parts: list) -> AssembledTensor:
+    views = []
+    for rank, start, dest, count in pieces:
+        if rank >= len(flats) or not isinstance(flats[rank], TensorRef):
+            raise UnreadableCheckpoint(f"{name}: its piece on rank {rank} is missing")
+        view = _view(f"{name}[rank {rank}]", flats[rank], start, (count,), parts[rank]["locate_for"])
+        if view is None:
+            raise UnreadableCheckpoint(f"{parts[rank]['file']}: the piece of {name} lies outside its flat partition")
+        views.append((view, dest))
+    dtype = views[0][0].dtype if views else "float32"
+    return AssembledTensor(name=name, shape=tuple(int(d) for d in shape), dtype=dtype, locate=_no_range(name),
+                           storage_id=f"zero:{name}", pieces=views)
+
+
+def _no_range(name: str):
+    def locate() -> Any:
+        raise UnreadableCheckpoint(f"{name}: assembled from several ZeRO partitions; it has no single byte range")
+    return locate
+
+
+def _gathered_state(parts: list, g: int, shapes: Mapping[str, tuple], stage: int | None) -> dict[str, ParamState]:
+    """Per-parameter moments assembled from every rank's flat moments of group `g`."""
+    states = [p["state"].get(g, {}) for p in parts]
+    layout = _layout(shapes, stage, len(parts), parts[0]["flat"][g].numel)
+    step = states[0].get("step") if isinstance(states[0], Mapping) else None
+    step_value = (read_scalar(common.tensor_from_ref("step", step, parts[0]["locate_for"]))
+                  if isinstance(step, TensorRef) else float(step) if isinstance(step, (int, float)) else None)
+    keys = [k for k, v in (states[0] or {}).items() if isinstance(v, TensorRef) and k != "step"]
+    out = {}
+    for name, shape in shapes.items():
+        ps = ParamState(step=step_value)
+        for key in keys:
+            flats = [s.get(key) if isinstance(s, Mapping) else None for s in states]
+            ps.tensors[key] = _assembled(f"{key} of {name}", shape, flats, layout[name], parts)
+        out[name] = ps
+    return out
+
+
+def _gathered_weights(parts: list, g: int, shapes: Mapping[str, tuple]) -> dict[str, TensorInfo]:
+    """ZeRO-3 over several ranks: each parameter's fp32 master weights from every rank's fp32_flat_groups."""
+    layout = _layout(shapes, 3, len(parts), parts[0]["flat"][g].numel)
+    flats = [p["flat"][g] if g < len(p["flat"]) else None for p in parts]
+    out = {}
+    for name, shape in shapes.items():
+        info = _assembled(name, shape, flats, layout[name], parts)
+        info.name, info.is_parameter = name, True
+        out[name] = info
+    return out
