@@ -349,3 +349,40 @@ def test_pickle_floods_are_refused_before_they_cost_memory(base, tmp_path):
     assert (out["sets"]["code"], out["sets"]["stderr"].strip()) == (2, (
         f"{ERR}{tmp_path / 'sets.pth'}: pickle builds more than 917,504 containers and objects from 3,145,734 "
         "bytes (a flood: real checkpoints build about one per 25 bytes); not a checkpoint"))
+
+
+def _claim_zip64_size(src: Path, dst: Path, suffix: bytes, claim: int) -> None:
+    """Rewrite the central directory so that member `suffix` claims `claim` bytes through a zip64 extra field."""
+    import struct
+
+    data = src.read_bytes()
+    eocd = data.rfind(b"PK\x05\x06")
+    cd_size, cd_off = struct.unpack_from("<II", data, eocd + 12)
+    cd, out, i = data[cd_off:cd_off + cd_size], bytearray(), 0
+    while i < len(cd):
+        fixed = bytearray(cd[i:i + 46])
+        nlen, elen, clen = struct.unpack_from("<HHH", fixed, 28)
+        name, extra = cd[i + 46:i + 46 + nlen], cd[i + 46 + nlen:i + 46 + nlen + elen]
+        comment = cd[i + 46 + nlen + elen:i + 46 + nlen + elen + clen]
+        if name.endswith(suffix):
+            struct.pack_into("<II", fixed, 20, 0xFFFFFFFF, 0xFFFFFFFF)
+            extra = struct.pack("<HHQQ", 1, 16, claim, claim) + extra
+            struct.pack_into("<H", fixed, 30, len(extra))
+        out += fixed + name + extra + comment
+        i += 46 + nlen + elen + clen
+    tail = bytearray(data[eocd:])
+    struct.pack_into("<I", tail, 12, len(out))
+    dst.write_bytes(data[:cd_off] + bytes(out) + bytes(tail))
+
+
+def test_zip64_member_claiming_4_eib_under_verify(base, tmp_path):
+    """A tensor record whose zip64 size says 4 EiB: --verify and --scan report it at once, no CRC loop."""
+    _claim_zip64_size(base["good"], tmp_path / "z64.pth", b"data/0", 1 << 62)
+    out = mc.run_batch([{"id": f, "argv": ["inspect", str(tmp_path / "z64.pth"), *f.split(), "--json"]}
+                        for f in ("--verify", "--scan --verify")], cwd=tmp_path, timeout=15)
+    for r in out.values():
+        assert r["code"] in (1, 2) and "Traceback" not in r["stderr"], r
+        if r["code"] == 1:
+            import json
+
+            assert "CKF703" in {f["code"] for f in json.loads(r["stdout"])["findings"]}, r
