@@ -200,20 +200,23 @@ class Segmenter:
 def load_segmenter(info: Any) -> Segmenter | None:
     """The segmentation model of a `TokenizerInfo` (read from its source file), or None where the file's
     algorithm is one this module does not implement (WordLevel, unusual BPE options)."""
+    from ckptfix.errors import CkptfixError
+    from ckptfix.untrusted import MAX_TOKENIZER_BYTES, parse_json, read_bounded
+
     source = Path(info.source)
-    try:
-        data = source.read_bytes()
-    except OSError:
+    try:  # the input boundary's reads: regular file, bounded size, digits and nesting
+        data = read_bounded(source, MAX_TOKENIZER_BYTES, what="tokenizer file")
+        if info.kind == "sentencepiece" or source.suffix == ".model":
+            return _sentencepiece(data)
+        doc = parse_json(data, str(source))
+    except CkptfixError:
         return None
-    if info.kind == "sentencepiece" or source.suffix == ".model":
-        return _sentencepiece(data)
     if source.name == "vocab.json":
         merges = source.with_name("merges.txt")
-        return _gpt2_files(json.loads(data), merges) if merges.is_file() else None
-    try:
-        doc = json.loads(data.decode("utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        return None
+        try:
+            return _gpt2_files(doc, merges) if merges.is_file() else None
+        except CkptfixError:
+            return None
     return _tokenizer_json(doc) if isinstance(doc, dict) else None
 
 
@@ -264,7 +267,9 @@ def _byte_ids(vocab: dict[str, int]) -> dict[int, int]:
 
 
 def _gpt2_files(vocab: dict, merges_path: Path) -> Segmenter:
-    lines = merges_path.read_text(encoding="utf-8").splitlines()
+    from ckptfix.untrusted import MAX_TOKENIZER_BYTES, read_bounded
+
+    lines = read_bounded(merges_path, MAX_TOKENIZER_BYTES, what="merges file").decode("utf-8", "replace").splitlines()
     merges: dict[tuple[str, str], int] = {}
     for rank, line in enumerate(x for x in lines if x and not x.startswith("#version")):
         pair = tuple(line.split(" "))
