@@ -386,3 +386,21 @@ def test_zip64_member_claiming_4_eib_under_verify(base, tmp_path):
             import json
 
             assert "CKF703" in {f["code"] for f in json.loads(r["stdout"])["findings"]}, r
+
+
+def test_from_tokenizer_with_wrong_typed_merges_is_exit_2(base, tmp_path):
+    """Found by the fuzzer: --from-tokenizer whose BPE merges hold a list where a pair of strings belongs
+    (the pieces initialiser reads merges; the vocabulary reader does not)."""
+    import json
+
+    from tokenizer_factory import train_tokenizer_json
+
+    doc = json.loads(train_tokenizer_json(tmp_path / "t", 60).read_text())
+    doc["model"]["merges"][0] = [[1], 2]
+    (tmp_path / "tokenizer.json").write_text(json.dumps(doc))
+    r = mc.run_batch([{"id": 0, "argv": ["repair", str(base["good"]), "--tokenizer", str(base["tok"]),
+                                         "--from-tokenizer", str(tmp_path / "tokenizer.json"), "--dry-run"]}],
+                     cwd=tmp_path)[0]
+    assert (r["code"], r["stderr"].strip()) == (2, (
+        f"{ERR}{tmp_path / 'tokenizer.json'}: model.merges: expected a list of 'a b' strings or [a, b] pairs, "
+        "got a list"))

@@ -217,7 +217,42 @@ def load_segmenter(info: Any) -> Segmenter | None:
             return _gpt2_files(doc, merges) if merges.is_file() else None
         except CkptfixError:
             return None
-    return _tokenizer_json(doc) if isinstance(doc, dict) else None
+    return _tokenizer_json(_checked_tokenizer_json(doc, str(source))) if isinstance(doc, dict) else None
+
+
+def _checked_tokenizer_json(doc: dict, origin: str) -> dict:
+    """The fields `_tokenizer_json` takes, checked where they are taken in (the vocabulary reader checked
+    the vocab and ids; merges, unk settings and added-token flags are read only here)."""
+    from ckptfix.errors import TokenizerError
+
+    def bad(field: str, expected: str, value: Any) -> TokenizerError:
+        return TokenizerError(str(fail(origin, field, expected, value)))
+
+    from ckptfix.untrusted import fail
+
+    model = doc.get("model") or {}
+    if not isinstance(model, dict):
+        raise bad("model", "a JSON object", model)
+    merges = model.get("merges") or []
+    if not isinstance(merges, list) or not all(
+            isinstance(m, str) or isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m)
+            for m in merges):
+        raise bad("model.merges", "a list of 'a b' strings or [a, b] pairs", merges)
+    for key in ("unk_token", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(key) is not None and not isinstance(model[key], str):
+            raise bad(f"model.{key}", "a string", model[key])
+    if model.get("unk_id") is not None and (isinstance(model["unk_id"], bool) or not isinstance(model["unk_id"], int)):
+        raise bad("model.unk_id", "an integer", model["unk_id"])
+    vocab = model.get("vocab")
+    if model.get("type") == "Unigram" and isinstance(vocab, list) and not all(
+            isinstance(e, list) and len(e) >= 2 and isinstance(e[0], str) and isinstance(e[1], (int, float))
+            and not isinstance(e[1], bool) for e in vocab):
+        raise bad("model.vocab", "[piece, score] entries", vocab)
+    added = doc.get("added_tokens") or []
+    if not isinstance(added, list) or not all(
+            isinstance(t, dict) and (not t.get("special") or isinstance(t.get("id"), int)) for t in added):
+        raise bad("added_tokens", "a list of token objects with integer ids", added)
+    return doc
 
 
 def _tokenizer_json(doc: dict) -> Segmenter | None:
