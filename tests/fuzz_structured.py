@@ -679,8 +679,8 @@ def gen_tokenizer_folder(ctx: Ctx) -> list[list[str]]:
         name = rng.choice(names + ["vocab.txt", "special_tokens_map.json", "added_tokens.json"])
         p = dst / name
         if r < 0.5 and name.endswith(".json"):
-            try:
-                doc = json.loads(p.read_text())
+            try:  # never open what an earlier round made a FIFO (the generator has no alarm)
+                doc = json.loads(p.read_text()) if p.is_file() and not p.is_symlink() else {}
             except Exception:
                 doc = {}
             with contextlib.suppress(FileNotFoundError):
