@@ -124,6 +124,38 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
 
 
 @cli.command()
+@click.argument("checkpoint", type=click.Path())
+@click.option("--out", "-o", type=click.Path(), help="Output .pth. Required unless --dry-run.")
+@click.option("--dry-run", is_flag=True, help="List what would be converted; write nothing.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists (if OUT is the input, a .bak is kept).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema ckptfix.convert/1).")
+def convert(checkpoint: str, out: str | None, dry_run: bool, force: bool, as_json: bool) -> None:
+    """Write a copy of a torch.save file that torch.load(weights_only=True) loads.
+
+    Pickled data objects (argparse.Namespace, numpy scalars and arrays, pathlib paths, datetime, deque,
+    omegaconf configs, dataclasses...) become plain dicts, lists, numbers, strings and tensors; tensors
+    are copied byte for byte. A file whose pickle calls code is refused (exit 2); nothing is run.
+
+    \b
+    Examples:
+      ckptfix convert last.pth -o last.weights_only.pth
+      ckptfix convert checkpoint-500/rng_state.pth -o checkpoint-500/rng_state.pth --force
+      ckptfix convert epoch=3.ckpt --dry-run
+    """
+    from ckptfix.convert import convert as run_convert
+
+    if out is None and not dry_run:
+        raise click.UsageError("missing -o/--out (or pass --dry-run)")
+    result = run_convert(checkpoint, out, dry_run=dry_run, force=force)
+    if as_json:
+        _emit_json(result.to_json())
+    else:
+        from ckptfix.render import render_convert
+
+        click.echo(render_convert(result))
+
+
+@cli.command()
 @click.argument("a", type=click.Path())
 @click.argument("b", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON (schema ckptfix.diff/1).")

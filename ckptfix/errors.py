@@ -14,12 +14,14 @@ class UnreadableCheckpoint(CkptfixError):
 class UnsafePickle(CkptfixError):
     """A pickle needs globals outside the allowlist; loading it could execute code."""
 
-    def __init__(self, path: str, globals_needed: list[str]):
+    def __init__(self, path: str, globals_needed: list[str], calls: list[str] | None = None):
         self.path = path
         self.globals_needed = sorted(set(globals_needed))
+        self.calls = list(calls or [])
         names = ", ".join(self.globals_needed) or "unknown"
+        would = f"; loading it would call {', '.join(self.calls)}" if self.calls else ""
         super().__init__(
-            f"{path}: refusing to unpickle: it needs globals outside the safe allowlist ({names}); "
+            f"{path}: refusing to unpickle: it needs globals outside the safe allowlist ({names}){would}; "
             "loading it could execute code. Pass --trust-pickle only if you trust its author."
         )
 

@@ -53,6 +53,7 @@ class Report:
                 "tied_head_not_stored": tied_head_missing(ckpt),
             },
             "extras": {str(k): plain(v) for k, v in ckpt.extras.items()},
+            "weights_only": weights_only_summary(ckpt),
             "record": ckpt.record.to_json() if ckpt.record is not None else None,
             "notes": ckpt.notes + self.notes,
             "findings": [f.to_json() for f in self.findings],
@@ -94,6 +95,17 @@ def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, veri
         notes += known + identity_notes(ckpt, tokenizer, old, vocab_rows(vocab))
     ctx = Context(ckpt, mapping, vocab, tokenizer, scan=scan, verify=verify, progress=progress, old_tokenizer=old)
     return Report(ckpt, mapping, vocab, run_checks(ctx), tokenizer, notes, old)
+
+
+
+def weights_only_summary(ckpt: Checkpoint) -> dict[str, Any]:
+    """Which globals keep `torch.load(weights_only=True)` from loading the file, and each object built from
+    them: its path, class, fields as data, and whether `ckptfix convert` can turn it into plain values."""
+    from ckptfix.formats.data_globals import uses
+
+    found = uses(ckpt.raw) if ckpt.raw is not None else []
+    return {"refused_globals": sorted({g for u in found for g in u.torch_refuses}),
+            "objects": [u.to_json() for u in found]}
 
 
 def model_summary(ckpt: Checkpoint) -> dict[str, Any]:

@@ -157,6 +157,28 @@ def render_repair(result) -> str:
     return _join(lines)
 
 
+def render_convert(result: Any) -> str:
+    """A `ckptfix convert` result: each object torch refuses, what it became, where it went."""
+    data = result.to_json()
+    verb = "would write" if data["dry_run"] else ("wrote" if data["output"] else "wrote nothing")
+    lines = [f"{data['source']}  ->  {data['output'] or '-'}"]
+    if data["refused_by_torch"]:
+        lines.append(_line("refused", "torch.load(weights_only=True) refuses: " + ", ".join(data["refused_by_torch"])))
+    for c in data["conversions"]:
+        lines.append(_line("converted", f"{c['path']}  {c['class']} -> {c['to']}"
+                                        + (f"  ({c['detail']})" if c.get("detail") else "")))
+    for note in data["notes"]:
+        lines.append(_line("note", note))
+    if data["backup"]:
+        lines.append(_line("backup", data["backup"]))
+    if data["output"]:
+        lines.append(f"{verb} {data['output']}" + ("" if data["dry_run"] else
+                                                   ": it loads with torch.load(weights_only=True)"))
+    else:
+        lines.append(verb)
+    return _join(lines)
+
+
 def render_diff(report: Any) -> str:
     """A `ckptfix diff` report (ckptfix.compare.DiffReport): sides, counts, verdict, then the tensors."""
     data = report.to_json()

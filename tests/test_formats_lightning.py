@@ -14,7 +14,6 @@ import pytest
 import torch
 from torch import nn
 
-from ckptfix.errors import UnsafePickle
 from ckptfix.formats import read_checkpoint
 from ckptfix.inspect import inspect
 
@@ -93,12 +92,14 @@ def test_inspect_reports_a_clean_checkpoint(run):
     assert data["optimizer"]["mapping"] == "position" and data["scheduler"]["type"].startswith("LambdaLR")
 
 
-def test_path_in_hyper_parameters_is_refused_then_read_opaquely(tmp_path):
-    """A pathlib.Path hyperparameter pickles as `pathlib.PosixPath`: outside the allowlist, on purpose."""
+def test_path_in_hyper_parameters_is_read_as_inert_data(tmp_path):
+    """A pathlib.Path hyperparameter pickles as `pathlib.PosixPath`: outside the allowlist, read as an inert
+    record of a known data class (issue 21: was refused before; nothing is imported either way)."""
     trainer, _ = _fit(tmp_path, TinyModule(out_dir=pathlib.Path("/data/run")))
     trainer.save_checkpoint(tmp_path / "path.ckpt")
-    with pytest.raises(UnsafePickle, match="pathlib"):
-        read_checkpoint(tmp_path / "path.ckpt")
+    strict = read_checkpoint(tmp_path / "path.ckpt")
+    assert strict.extras["hyper_parameters"]["out_dir"].cls == "pathlib.PosixPath"
+    assert strict.extras["hyper_parameters"]["out_dir"].args == ("/", "data", "run")
     ckpt = read_checkpoint(tmp_path / "path.ckpt", trust_pickle=True)
     assert ckpt.extras["hyper_parameters"]["out_dir"].cls.startswith("pathlib.")
     assert ckpt.optimizer.kind == "adamw"

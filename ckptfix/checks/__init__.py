@@ -129,6 +129,7 @@ def _load_check_modules() -> None:
         schedule,
         sharded,
         vocab,
+        weights_only,
     )
 
 

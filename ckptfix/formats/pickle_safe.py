@@ -2,13 +2,18 @@
 
 Every GLOBAL the pickle names is answered by `find_class` from a fixed table of inert stand-ins:
 tensors become `TensorRef` records (storage key, dtype, shape, stride, offset), dtypes become
-`TorchDtype`, devices `TorchDevice`. Anything else is refused (strict mode, the default) or, for
-pickles we only want to look at (HF `training_args.bin`), turned into an inert `OpaqueObject`
-that records its class name and arguments. No class outside the table is ever imported.
+`TorchDtype`, devices `TorchDevice`. Any other global becomes an inert stand-in type that records
+how the pickle uses it: constructed (NEWOBJ: an instance whose state is set by BUILD, e.g. an
+`argparse.Namespace` or a dataclass) or called (REDUCE: `X(*args)`). Nothing outside the table is
+ever imported or run. In strict mode (the default) a call is refused unless it is a known data
+class's constructor (`data_globals.DATA_CALLS`: a PosixPath from its parts, a numpy scalar from its
+bytes...); the refusal names each call and its arguments. In opaque mode (`--trust-pickle`, HF
+`training_args.bin`) every use is kept as an inert `OpaqueObject`.
 """
 
 from __future__ import annotations
 
+import _compat_pickle
 import collections
 import dataclasses
 import io
@@ -114,12 +119,16 @@ class TensorRef(_Record):
 
 @dataclass
 class OpaqueObject:
-    """An instance of a class we refused to import, kept as data (only in `opaque` mode)."""
+    """A use of a global outside the allowlist, kept as data: `cls` names the global, `args` what it was
+    constructed or called with, `state` what BUILD set, `items` what SETITEM/APPEND added; `called` says
+    whether the pickle called it (REDUCE, `cls(*args)`) rather than constructed it (NEWOBJ)."""
 
     cls: str
     args: tuple = ()
     state: Any = None
     items: dict = field(default_factory=dict)
+    called: bool = False
+    kwargs: dict = field(default_factory=dict)
 
     def __setstate__(self, state: Any) -> None:  # BUILD opcode
         object.__setattr__(self, "state", state)
@@ -138,16 +147,38 @@ class OpaqueObject:
             self.append(v)
 
 
-def _opaque_class(qualname: str) -> type:
-    # NEWOBJ needs a real class; this one records the call instead of running anything.
+class _InertType(type):
+    """The type of a stand-in for a global outside the allowlist. Calling it (REDUCE, INST with
+    arguments) records a call; NEWOBJ (`X.__new__(X, *args)`) records a construction."""
+
+    qualname: str
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        obj = cls.__new__(cls, *args, **kwargs)
+        obj.called = True
+        return obj
+
+    def __repr__(cls) -> str:
+        return f"<global {_printable(cls.qualname)}>"
+
+
+def _opaque_class(qualname: str, made: list | None = None) -> type:
+    # NEWOBJ needs a real class; this one records the construction instead of running anything.
     def new(cls, *args, **kwargs):
         obj = object.__new__(cls)
-        OpaqueObject.__init__(obj, qualname, args)
+        OpaqueObject.__init__(obj, qualname, args, kwargs=kwargs)
+        if made is not None:
+            made.append(obj)
         return obj
 
     # Hashable by identity: pickles use such objects as dict keys (DCP's MetadataIndex).
-    return type("Opaque", (OpaqueObject,), {"__new__": new, "__init__": lambda self, *a, **k: None,
-                                            "__hash__": object.__hash__})
+    return _InertType("Opaque", (OpaqueObject,), {"__new__": new, "__init__": lambda self, *a, **k: None,
+                                                  "__hash__": object.__hash__, "qualname": qualname})
+
+
+def global_name(value: Any) -> str | None:
+    """The qualified name of a global the pickle refers to without calling it (`typing.Any`, a class)."""
+    return value.qualname if isinstance(value, _InertType) else None
 
 
 def _dtype_name(value: Any) -> str:
@@ -258,9 +289,18 @@ def _slice(*args):
     return slice(*args)
 
 
+def _encode(text: Any, encoding: Any = "utf-8", *rest: Any) -> bytes:
+    # Protocol 2 (torch.save's) spells a bytes value as `_codecs.encode(str, 'latin1')`; nothing else.
+    if not isinstance(text, str) or encoding not in ("latin1", "latin-1") or rest:
+        raise pickle.UnpicklingError("_codecs.encode used for something other than bytes")
+    return text.encode("latin-1")
+
+
 def _allowlist() -> dict[tuple[str, str], Any]:
     table: dict[tuple[str, str], Any] = {
         ("collections", "OrderedDict"): collections.OrderedDict,
+        ("collections", "Counter"): collections.Counter,
+        ("_codecs", "encode"): _Function(_encode),
         ("builtins", "set"): set,
         ("builtins", "frozenset"): frozenset,
         ("builtins", "complex"): complex,
@@ -293,20 +333,29 @@ class _SafeUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self.opaque = opaque
         self.refused: list[str] = []
+        self.made: list[OpaqueObject] = []  # every use of a global outside the allowlist
         self.budget = _HashBudget(data)
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "__builtin__":  # protocol 2 (torch.save) spells builtins the Python 2 way
-            module = "builtins"
+        # Protocol 2 (torch.save's) spells some names the Python 2 way (`__builtin__.long`); map them as
+        # pickle and torch's weights-only unpickler do, so names are reported and allowlisted as torch sees them.
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         found = ALLOWED_GLOBALS.get((module, name))
-        if found in (set, frozenset, collections.OrderedDict):
+        if found in (set, frozenset, collections.OrderedDict, collections.Counter):
             return self.budget.wrap(found)
         if found is not None:
             return found
         self.refused.append(_printable(f"{module}.{name}"))
-        if self.opaque:
-            return _opaque_class(f"{module}.{name}")
-        raise UnsafePickle("", [_printable(f"{module}.{name}")])
+        return _opaque_class(f"{module}.{name}", self.made)
+
+    def code_calls(self) -> list[OpaqueObject]:
+        """The calls this pickle makes that are not a known data class's constructor (strict mode refuses them)."""
+        from ckptfix.formats.data_globals import DATA_CALLS
+
+        return [o for o in self.made if o.called and o.cls not in DATA_CALLS]
 
     def persistent_load(self, pid: Any) -> Any:
         # Never repr()/str() pid parts: a memo-shared list prints in 2**depth steps. torch writes strs and ints.
@@ -609,7 +658,8 @@ def globals_in_pickle(data: bytes) -> list[str]:
 
 
 def load_pickle(data: bytes, origin: str, *, opaque: bool = False) -> Any:
-    """Unpickle `data` with the allowlist. Raises UnsafePickle naming every global outside it."""
+    """Unpickle `data` with the allowlist; globals outside it become inert `OpaqueObject` records. Strict mode
+    raises UnsafePickle naming every call that is not a known data class's constructor, with its arguments."""
     if len(data) > MAX_PICKLE_BYTES:
         raise UnreadableCheckpoint(f"{origin}: pickle of {len(data)} bytes is implausibly large")
     _prescan(data, origin)
@@ -617,16 +667,32 @@ def load_pickle(data: bytes, origin: str, *, opaque: bool = False) -> Any:
     try:
         tree = unpickler.load()
         _check_tree(tree, origin)
-        return tree
-    except UnsafePickle:
-        outside = [_printable(g) for g in globals_in_pickle(data) if tuple(g.rsplit(".", 1)) not in ALLOWED_GLOBALS]
-        raise UnsafePickle(origin, outside or unpickler.refused) from None
     except UnreadableCheckpoint:
         raise
-    except RecursionError:
-        raise UnreadableCheckpoint(f"{origin}: pickle is nested too deeply to read") from None
-    except MemoryError:
-        raise UnreadableCheckpoint(f"{origin}: pickle needs more memory than is available") from None
-    except Exception as exc:  # any damage to the opcode stream
-        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UnreadableCheckpoint(f"{origin}: corrupt pickle ({_printable(detail, 200)})") from None
+    except Exception as exc:
+        if unpickler.made and not opaque:  # a payload's chained calls fail on our records: report the calls
+            _refuse(data, origin, unpickler, unpickler.code_calls() or unpickler.made)
+        raise _unreadable(exc, origin) from None
+    calls = [] if opaque else unpickler.code_calls()
+    if calls:
+        _refuse(data, origin, unpickler, calls)
+    return tree
+
+
+def _refuse(data: bytes, origin: str, unpickler: _SafeUnpickler, calls: list[OpaqueObject]) -> None:
+    from ckptfix.formats.data_globals import DATA_CALLS, describe_call
+
+    named = sorted({o.cls for o in calls})
+    outside = [_printable(g) for g in globals_in_pickle(data)
+               if tuple(g.rsplit(".", 1)) not in ALLOWED_GLOBALS and g not in DATA_CALLS]
+    raise UnsafePickle(origin, [_printable(n) for n in named] or outside or unpickler.refused,
+                       calls=[describe_call(o) for o in calls if o.called][:5]) from None
+
+
+def _unreadable(exc: Exception, origin: str) -> UnreadableCheckpoint:
+    if isinstance(exc, RecursionError):
+        return UnreadableCheckpoint(f"{origin}: pickle is nested too deeply to read")
+    if isinstance(exc, MemoryError):
+        return UnreadableCheckpoint(f"{origin}: pickle needs more memory than is available")
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # any damage to the opcode stream
+    return UnreadableCheckpoint(f"{origin}: corrupt pickle ({_printable(detail, 200)})")
