@@ -5,6 +5,7 @@ The public verbs::
     ckptfix.inspect(path, tokenizer=None, scan=False)        -> Report
     ckptfix.repair(path, tokenizer, out, policy="remap", ...) -> RepairResult
     ckptfix.diff(a, b, atol=0.0)                              -> DiffReport
+    ckptfix.convert(path, out)                                -> ConvertResult (loads with weights_only=True)
     ckptfix.ResumeGuard(model, optimizer, ..., policy="strict")
     ckptfix.check_training_setup(model, optimizer, scaler)    -> list[Problem]
     ckptfix.read_checkpoint(path)                             -> Checkpoint
@@ -30,6 +31,8 @@ _LAZY = {
     "RepairResult": "ckptfix.surgery",
     "diff": "ckptfix.compare",
     "DiffReport": "ckptfix.compare",
+    "convert": "ckptfix.weights_only",
+    "ConvertResult": "ckptfix.weights_only",
     "ResumeGuard": "ckptfix.guard",
     "check_training_setup": "ckptfix.guard",
     "TrainingSetupError": "ckptfix.guard",

@@ -142,7 +142,7 @@ def convert(checkpoint: str, out: str | None, dry_run: bool, force: bool, as_jso
       ckptfix convert checkpoint-500/rng_state.pth -o checkpoint-500/rng_state.pth --force
       ckptfix convert epoch=3.ckpt --dry-run
     """
-    from ckptfix.convert import convert as run_convert
+    from ckptfix.weights_only import convert as run_convert
 
     if out is None and not dry_run:
         raise click.UsageError("missing -o/--out (or pass --dry-run)")

@@ -175,7 +175,7 @@ def render_convert(result: Any) -> str:
         lines.append(f"{verb} {data['output']}" + ("" if data["dry_run"] else
                                                    ": it loads with torch.load(weights_only=True)"))
     else:
-        lines.append(verb)
+        lines.append("dry run: nothing written" if data["dry_run"] else verb)
     return _join(lines)
 
 

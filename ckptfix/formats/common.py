@@ -106,8 +106,11 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
         used.add(RECORD_KEY)
     ckpt.extras = {k: v for k, v in tree.items() if k not in used}
     if not ckpt.model and ckpt.optimizer is None:
-        keys = ", ".join(_key_text(k) for k in list(tree)[:8])
-        raise UnreadableCheckpoint(f"{path}: no model weights or optimizer state found (top-level keys: {keys})")
+        side = _side_file(tree)
+        if side is None:
+            keys = ", ".join(_key_text(k) for k in list(tree)[:8])
+            raise UnreadableCheckpoint(f"{path}: no model weights or optimizer state found (top-level keys: {keys})")
+        ckpt.notes.append(f"no model weights or optimizer state: {side}")
     return ckpt
 
 
@@ -142,6 +145,23 @@ def _composer(ckpt: Checkpoint, tree: Mapping, locate_for: Locator) -> Checkpoin
     rest = {k: v for k, v in state.items() if k not in ("model", "optimizers", "schedulers")}
     ckpt.extras = {**{k: v for k, v in tree.items() if k != "state"}, "state": rest}
     return ckpt
+
+
+# The generator states HF Trainer (`rng_state.pth`) and accelerate (`random_states_N.pkl`) save beside a checkpoint.
+_RNG_KEYS = ({"python", "numpy", "cpu"}, {"random_state", "numpy_random_seed", "torch_manual_seed"})
+
+
+def _side_file(tree: Mapping) -> str | None:
+    """What a file without model or optimizer is, when it is a known part of a checkpoint (inspect reads it)."""
+    if any(keys <= tree.keys() for keys in _RNG_KEYS):
+        return "a saved RNG state (HF Trainer rng_state.pth / accelerate random_states_N.pkl)"
+    if {"optimizer_state_dict", "ds_version"} <= tree.keys():
+        return "one DeepSpeed ZeRO optimizer partition (inspect its folder for the whole checkpoint)"
+    from ckptfix.formats.data_globals import uses
+
+    if uses(tree):
+        return "it holds pickled objects (listed under weights_only)"
+    return None
 
 
 def _key_text(key: Any) -> str:

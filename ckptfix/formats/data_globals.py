@@ -559,18 +559,22 @@ def _summary(value: Any) -> Any:
 
 
 def add_safe_globals_line(names: list[str]) -> str:
-    """The exact line that makes torch.load(weights_only=True) accept these globals (if you trust the file)."""
+    """The exact line that makes torch.load(weights_only=True) accept these globals (if you trust the file).
+
+    Each global is imported with `from module import name` (a dotted attribute path can be shadowed: DeepSpeed's
+    `deepspeed.utils.tensor_fragment` is a function, the module of the same name holds `fragment_address`)."""
     names = sorted({("builtins." + n.split(".", 1)[1]) if n.startswith("__builtin__.") else n for n in names})
-    modules = sorted({_import_of(n) for n in names})
-    return (f"import {', '.join(['torch', *modules])}; "
-            f"torch.serialization.add_safe_globals([{', '.join(names)}])")
-
-
-def _import_of(name: str) -> str:
-    module = name.rsplit(".", 1)[0]
-    top = module.split(".")[0]
-    # numpy's dtype classes and numpy._core are reachable from `import numpy`; others import their module
-    return top if top in ("numpy", "builtins", "collections", "datetime", "argparse") else module
+    imports, exprs, used = [], [], set()
+    for name in names:
+        module, attr = name.rsplit(".", 1)
+        if module == "builtins":  # always in scope
+            exprs.append(attr)
+            continue
+        alias = attr if attr not in used else f"{attr}_{len(used)}"
+        used.add(alias)
+        imports.append(f"from {module} import {attr}" + (f" as {alias}" if alias != attr else ""))
+        exprs.append(alias)
+    return "; ".join(["import torch", *imports, f"torch.serialization.add_safe_globals([{', '.join(exprs)}])"])
 
 
 def describe_call(rec: OpaqueObject) -> str:

@@ -1,4 +1,4 @@
-"""`convert`: write a copy of a `torch.save` file that `torch.load(weights_only=True)` loads.
+"""`convert` (`ckptfix convert`): write a copy of a `torch.save` file that `torch.load(weights_only=True)` loads.
 
 The file is read by the allowlist unpickler (nothing imported, nothing called). Objects of known data
 classes (`formats/data_globals.DATA_CLASSES`) and objects the pickle only constructs (a Namespace, a
