@@ -84,8 +84,10 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
                           + (" (the original is kept as a .bak)" if in_place else ""))
     hasher = BackgroundHash(source)
     try:
+        # not final: the record with a placeholder hash of the same length (the writer pickles it twice)
         result.backup = _write(source, out, new_tree, conv, locate_for, archive, in_place,
-                               lambda: _record(tree, source, hasher.result(), conv.conversions))
+                               lambda final: _record(tree, source, hasher.result() if final else "0" * 64,
+                                                     conv.conversions))
     finally:
         hasher.release()
     _verify(out)
@@ -130,20 +132,19 @@ def _write(source: str, out: str, tree: Any, conv: Converter, locate_for: Any, a
             crc = info.CRC if info is not None else None
         return torch_save.StorageSource(copy_from=locate_for(storage), crc=crc)
 
-    def finish(t: Any) -> Any:  # a dict carries its record; anything else gets a sidecar
-        return {**t, "ckptfix": record()} if isinstance(t, dict) else t
+    def finish(t: Any, final: bool) -> Any:  # a dict carries its record; anything else gets a sidecar
+        return {**t, "ckptfix": record(final)} if isinstance(t, dict) else t
 
     prefix = archive.prefix if archive is not None else "archive"
     version = archive.read_member("version") if archive is not None else None
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=source, backup=in_place) as f:
-        torch_save.write(f, tree, source_for, prefix=prefix, finish=finish,
-                         extra_members={"version": version} if version else None)
+        torch_save.write(f, tree, source_for, prefix=prefix, finish=finish, version=version)
     if not isinstance(tree, dict):
         import json
 
         with atomic_file(out + ".ckptfix.json") as f:
-            f.write((json.dumps(record(), indent=2) + "\n").encode())
+            f.write((json.dumps(record(True), indent=2) + "\n").encode())
     return backup
 
 

@@ -40,7 +40,10 @@ def tensors_in(obj, path="", out=None, seen=None):
     if id(obj) in seen:
         return out
     seen.add(id(obj))
-    join = (lambda k: f"{path}.{k}" if path else str(k))
+
+    def join(k):
+        return f"{path}.{k}" if path else str(k)
+
     if isinstance(obj, torch.Tensor):
         out[path] = obj
     elif isinstance(obj, np.ndarray) and obj.dtype.name in ("float32", "float64", "int64", "uint8"):

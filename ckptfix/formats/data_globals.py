@@ -111,7 +111,7 @@ DATA_CLASSES: dict[str, DataClass] = {
     "numpy.dtype": DataClass("(part of its scalar or array)", "a dtype is built from a type code such as 'f8'; "
                              "only numeric codes are accepted", call=True),
     **{f"{m}._reconstruct": DataClass("a tensor of the same dtype, shape and bytes (a list of Python numbers for "
-                                      "dtypes torch.save cannot hold: uint16/32/64)",
+                                      "uint16/32/64)",
                                       "an empty ndarray filled by BUILD with (shape, dtype, raw bytes); object "
                                       "arrays (pickled elements) are refused", call=True) for m in _NUMPY},
     "numpy.ndarray": DataClass("(part of its array)", "only named as the class `_reconstruct` builds", call=False),
@@ -443,7 +443,8 @@ class Converter:
     def array(self, array: Any, path: str, cls: str) -> Any:
         name = array.dtype.name
         if name not in _WRITABLE or not array.dtype.isnative:
-            self.note(path, cls, "list", f"numpy {name} {list(array.shape)} (torch.save cannot hold {name}: values kept)")
+            self.note(path, cls, "list", f"numpy {name} {list(array.shape)}, values kept (torch has few operations "
+                      f"on {name}; numpy.random.set_state and numpy code take the list)")
             return array.tolist()
         key = str(self.next_key)
         self.next_key += 1
@@ -455,7 +456,8 @@ class Converter:
         return TensorRef(storage, 0, shape, contiguous_stride(shape), name)
 
 
-# numpy dtype names the torch.save writer holds (typed storages); others become lists
+# numpy dtypes that become tensors; uint16/32/64 (numpy's RNG key is uint32) become lists: torch has few operations
+# on them, and the code that reads them back (numpy.random.set_state) takes a list
 _WRITABLE = {"float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "complex64",
              "complex128"}
 assert _WRITABLE <= set(DTYPE_SIZES)
@@ -564,7 +566,9 @@ def add_safe_globals_line(names: list[str]) -> str:
     Each global is imported with `from module import name` (a dotted attribute path can be shadowed: DeepSpeed's
     `deepspeed.utils.tensor_fragment` is a function, the module of the same name holds `fragment_address`)."""
     names = sorted({("builtins." + n.split(".", 1)[1]) if n.startswith("__builtin__.") else n for n in names})
-    imports, exprs, used = [], [], set()
+    imports: list[str] = []
+    exprs: list[str] = []
+    used: set[str] = set()
     for name in names:
         module, attr = name.rsplit(".", 1)
         if module == "builtins":  # always in scope

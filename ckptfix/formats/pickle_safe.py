@@ -154,7 +154,8 @@ class _InertType(type):
     qualname: str
 
     def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        obj = cls.__new__(cls, *args, **kwargs)
+        new: Any = cls.__new__  # the stand-in's recorder (see `_opaque_class`), never the real class
+        obj = new(cls, *args, **kwargs)
         obj.called = True
         return obj
 
