@@ -483,11 +483,18 @@ def object_value(path: str, item: Item, trust_pickle: bool) -> Any:
         return {"unread": f"{length} bytes"}
     blob = _Blob(file, start, length, item.fqn)
     try:
-        return load_pickle(blob.member("data.pkl"), f"{file}: {item.fqn}", opaque=trust_pickle)
+        value = load_pickle(blob.member("data.pkl"), f"{file}: {item.fqn}", opaque=trust_pickle)
     except UnsafePickle as exc:
         # e.g. torchtitan's BytesIO loss history and dataloader state: not unpickled, never needed to
         # repair (the writer carries every item it does not change byte for byte)
         return {"unread": f"needs globals outside the allowlist ({', '.join(exc.globals_needed)})"}
+    if not trust_pickle:  # data objects (a pathlib path, a Namespace) are read inertly; DCP interprets none
+        from ckptfix.formats.data_globals import uses
+
+        found = sorted({u.cls for u in uses(value)})
+        if found:
+            return {"unread": f"holds {', '.join(found)} (data outside the allowlist)"}
+    return value
 
 
 def _tensor(path: str, item: Item, pending: list[str]) -> TensorInfo:
