@@ -21,6 +21,8 @@ from ckptfix.errors import UnreadableCheckpoint
 
 REPAIR_SCHEMA = "ckptfix.repair/1"
 NAMES_SCHEMA = "ckptfix.names/1"  # `ResumeGuard.record()`: names (and the tokenizer) at save time
+CONVERT_SCHEMA = "ckptfix.convert/1"  # `ckptfix convert`: pickled objects made weights-only loadable
+CONVERSIONS_KEY = "weights_only_conversions"  # provenance: what `ckptfix convert` turned into plain data
 RECORD_KEY = "ckptfix"  # the key in a torch.save dict
 FOLDER_FILE = "ckptfix.json"  # the file in a folder checkpoint
 SIDECAR_SUFFIX = ".ckptfix.json"  # next to a single-file checkpoint whose format has no room for it

@@ -29,8 +29,6 @@ from ckptfix.formats.pickle_safe import (
 )
 from ckptfix.io import BackgroundHash, atomic_file, backup_path, same_file
 
-SCHEMA = "ckptfix.convert/1"
-
 
 @dataclass
 class ConvertResult:
@@ -45,7 +43,7 @@ class ConvertResult:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "source": self.source, "output": self.output, "dry_run": self.dry_run,
+        return {"schema": "ckptfix.convert/1", "source": self.source, "output": self.output, "dry_run": self.dry_run,
                 "refused_by_torch": sorted({g for u in self.uses for g in u.torch_refuses}),
                 "objects": [u.to_json() for u in self.uses],
                 "conversions": [c.to_json() for c in self.conversions], "backup": self.backup, "notes": self.notes}
@@ -108,16 +106,19 @@ def _check_plain(tree: Any) -> None:
 
 
 def _record(tree: Any, source: str, sha256: str | None, conversions: list[Conversion]) -> dict[str, Any]:
-    """The `ckptfix` entry: a previous repair record gains the conversions; otherwise a small one of its own."""
+    """The `ckptfix` entry: a previous record (a repair's) gains the conversions; otherwise a small one of its own."""
     from ckptfix import __version__
+    from ckptfix.record import CONVERSIONS_KEY, CONVERT_SCHEMA, RECORD_KEY, Record
 
-    previous = tree.get("ckptfix") if isinstance(tree, dict) else None
+    previous = tree.get(RECORD_KEY) if isinstance(tree, dict) else None
     entry = [c.to_json() for c in conversions]
     if isinstance(previous, dict):
-        return {**Converter(next_key=0).value(previous, "ckptfix"), "weights_only_conversions": entry}
-    return {"schema": SCHEMA, "tool": "ckptfix", "version": __version__,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "source": os.path.abspath(source), "source_sha256": sha256, "weights_only_conversions": entry}
+        record = Record.from_json(Converter(next_key=0).value(previous, RECORD_KEY), f"{source}: {RECORD_KEY}")
+        record.provenance[CONVERSIONS_KEY] = entry
+        return record.to_json()
+    return Record(schema=CONVERT_SCHEMA, provenance={
+        "version": __version__, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": os.path.abspath(source), "source_sha256": sha256, CONVERSIONS_KEY: entry}).to_json()
 
 
 def _write(source: str, out: str, tree: Any, conv: Converter, locate_for: Any, archive: Any, in_place: bool,
