@@ -19,6 +19,9 @@ def convert_command(path: str) -> str:
     import os
 
     root, ext = os.path.splitext(path.rstrip("/"))
+    if ext == ".tar":  # timm's last.pth.tar
+        root, inner = os.path.splitext(root)
+        ext = inner + ext
     return f"ckptfix convert {path} -o {root}.weights_only{ext or '.pth'}"
 
 
@@ -36,7 +39,7 @@ def weights_only_refuses(ctx: Context) -> Iterator[Finding]:
     listed = "; ".join(f"{u.path} ({u.cls}{_fields(u.fields)})" for u in refusing[:MAX_LISTED])
     more = f"; and {len(refusing) - MAX_LISTED} more" if len(refusing) > MAX_LISTED else ""
     convertible = all(u.convertible for u in refusing)
-    fix = (f"{convert_command(ctx.ckpt.path)} (plain values: see README 'weights_only'); "
+    fix = (f"{convert_command(ctx.ckpt.path)} (plain values, listed in the output's record); "
            if convertible else "") + f"or, if you trust the file: {add_safe_globals_line(names)}"
     yield finding("CKF704", f"torch.load(weights_only=True) refuses this file because of: {', '.join(names)}; "
                   f"at {listed}{more}",

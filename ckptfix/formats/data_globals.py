@@ -313,6 +313,7 @@ class Converter:
     numpy arrays) get fresh storage keys; `arrays` maps each key to the array whose bytes it holds."""
 
     next_key: int
+    summary: bool = False  # for the report: arrays are described, not copied into lists
     conversions: list[Conversion] = field(default_factory=list)
     arrays: dict[str, Any] = field(default_factory=dict)
     memo: dict[int, Any] = field(default_factory=dict)
@@ -442,6 +443,8 @@ class Converter:
 
     def array(self, array: Any, path: str, cls: str) -> Any:
         name = array.dtype.name
+        if self.summary:
+            return {"array": list(array.shape), "dtype": name}
         if name not in _WRITABLE or not array.dtype.isnative:
             self.note(path, cls, "list", f"numpy {name} {list(array.shape)}, values kept (torch has few operations "
                       f"on {name}; numpy.random.set_state and numpy code take the list)")
@@ -509,7 +512,7 @@ def describe(node: Any, path: str) -> Use:
     cls = global_name(node) or (node.cls if isinstance(node, OpaqueObject) else f"builtins.{type(node).__name__}")
     how = "named" if global_name(node) else "called" if getattr(node, "called", False) else \
         "constructed" if isinstance(node, OpaqueObject) else "built"
-    conv = Converter(next_key=0)
+    conv = Converter(next_key=0, summary=True)
     try:
         fields = _summary(conv.value(node, path))
         return Use(where, cls, how, names, fields)
