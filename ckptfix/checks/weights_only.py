@@ -12,7 +12,11 @@ MAX_LISTED = 6  # objects named in one finding message; the JSON report lists th
 def _uses(ctx: Context) -> list:
     from ckptfix.formats.data_globals import uses
 
-    return uses(ctx.ckpt.raw) if ctx.ckpt.raw is not None else []
+    cached = getattr(ctx, "_weights_only_uses", None)  # two checks read the same walk
+    if cached is None:
+        cached = uses(ctx.ckpt.raw) if ctx.ckpt.raw is not None else []
+        object.__setattr__(ctx, "_weights_only_uses", cached)
+    return cached
 
 
 def convert_command(path: str) -> str:

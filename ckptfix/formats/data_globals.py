@@ -486,23 +486,41 @@ MAX_USES = 200  # reported records; a file with more says how many
 
 def uses(tree: Any) -> list[Use]:
     """Every object in `tree` built from a global torch's weights-only loader or ckptfix's allowlist does not
-    know, outermost first, with its path and fields. Each container once (memo-shared pickles stay linear)."""
+    know, outermost first, with its path and fields. Each container once (memo-shared pickles stay linear);
+    a path is spelled only for what is found (a 150k-entry optimizer state costs one pass, no strings)."""
     found: list[Use] = []
     seen: set[int] = set()
-    stack: list[tuple[Any, str]] = [(tree, "")]
+    stack: list[tuple[Any, Any]] = [(tree, None)]  # (node, crumb): crumb = (parent crumb, key) or None
     while stack and len(found) < MAX_USES:
-        node, path = stack.pop()
-        if isinstance(node, (OpaqueObject, frozenset, slice)) or global_name(node) is not None:
-            if id(node) not in seen:
-                seen.add(id(node))
-                found.append(describe(node, path))
+        node, crumb = stack.pop()
+        if id(node) in seen:
             continue
-        if isinstance(node, (dict, list, tuple, set)) and id(node) not in seen:
-            seen.add(id(node))
-            items = node.items() if isinstance(node, dict) else enumerate(node) if not isinstance(node, set) \
-                else ((i, v) for i, v in enumerate(node))
-            stack.extend((v, _join(path, k)) for k, v in reversed(list(items)))
+        seen.add(id(node))
+        if isinstance(node, dict):
+            items: Any = node.items()
+        elif isinstance(node, (list, tuple, set)):
+            items = enumerate(node)
+        elif isinstance(node, (OpaqueObject, frozenset, slice)) or global_name(node) is not None:
+            found.append(describe(node, _spell(crumb)))
+            continue
+        else:
+            continue
+        stack.extend([(v, (crumb, k)) for k, v in items if not isinstance(v, _LEAVES)][::-1])
     return found
+
+
+_LEAVES = (str, int, float, bool, bytes, type(None), TensorRef, TorchDtype, TorchDevice)
+
+
+def _spell(crumb: Any) -> str:
+    keys = []
+    while crumb is not None:
+        crumb, key = crumb
+        keys.append(key)
+    path = ""
+    for key in reversed(keys):
+        path = _join(path, key)
+    return path
 
 
 def describe(node: Any, path: str) -> Use:
