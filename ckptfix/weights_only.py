@@ -57,7 +57,7 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
     """
     source = os.fspath(checkpoint)
     kind = detect(source)
-    if kind not in ("torch-zip", "torch-legacy"):
+    if kind not in ("torch", "torch-zip", "torch-legacy"):
         raise RepairError(f"{source}: convert works on one torch.save file (this is {kind}); "
                           "convert the .pt/.pth/.bin/.pkl files in it one by one")
     tree, locate_for, archive = torch_file.load(source)  # strict: a file that calls code is refused here
