@@ -40,6 +40,10 @@ class Live:
     has_scaler: bool = False
     tokenizer_size: int | None = None
     embedding: tuple[str, int] | None = None  # the input embedding's name and row count
+    # The tokenizers as id -> token tables (TokenizerInfo), when the guard was given paths or TokenizerInfos:
+    # rows then move by token string (from `from_tokenizer`, else the checkpoint's record or folder).
+    tokenizer: Any = None
+    from_tokenizer: Any = None
 
     @property
     def optimizer_params(self) -> list[LiveTensor]:

@@ -89,7 +89,7 @@ from ckptfix.guard.resume_plan import ModelPlan, key_map, key_problems, plan_opt
 from ckptfix.guard.rewarm import Rewarm
 from ckptfix.guard.setup import check_training_setup, named_params, unwrap_optimizer
 from ckptfix.policies import GUARD_POLICIES, canonical
-from ckptfix.record import NAMES_SCHEMA, Record
+from ckptfix.record import NAMES_SCHEMA, Record, TokenizerRef
 
 __all__ = ["ResumeGuard", "ResumeReport", "ResumeError", "POLICIES", "tokenizer_size"]
 
@@ -187,6 +187,17 @@ def tokenizer_size(tokenizer: Any) -> int | None:
                     "(pass a path, a TokenizerInfo, an object with len(), or an int)")
 
 
+def token_table(tokenizer: Any) -> Any:
+    """A TokenizerInfo (id -> token table) for a path or TokenizerInfo; None for sizes and tokenizer objects."""
+    from ckptfix.tokenizers import TokenizerInfo, load_tokenizer
+
+    if isinstance(tokenizer, TokenizerInfo):
+        return tokenizer
+    if isinstance(tokenizer, (str, os.PathLike)):
+        return load_tokenizer(tokenizer)
+    return None
+
+
 def _read(source: Any) -> Any:
     """A Checkpoint from a path (or a Checkpoint as is), with a repair sidecar record attached."""
     from ckptfix.checkpoint import Checkpoint
@@ -210,7 +221,8 @@ class ResumeGuard:
 
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, tokenizer: Any = None, policy: str = "strict", *,
-                 rewarm_steps: int = 100, reset_scheduler: bool = False, probe_steps: int = 3):
+                 rewarm_steps: int = 100, reset_scheduler: bool = False, probe_steps: int = 3,
+                 from_tokenizer: Any = None):
         policy = canonical(policy)
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose {', '.join(POLICIES)})")
@@ -221,6 +233,7 @@ class ResumeGuard:
         self.scheduler = scheduler
         self.scaler = scaler
         self.tokenizer = tokenizer
+        self.from_tokenizer = from_tokenizer  # the tokenizer the checkpoint was trained with (path/TokenizerInfo)
         self.policy = policy
         self.rewarm_steps = rewarm_steps
         self.reset_scheduler = reset_scheduler
@@ -248,6 +261,10 @@ class ResumeGuard:
         ckpt = _read(path)  # read
         analysis = analyse(ckpt)
         live = Live.capture(self.model, self.optimizer, self.scheduler, self.scaler, self._tokenizer_size())
+        live.tokenizer, live.from_tokenizer = token_table(self.tokenizer), token_table(self.from_tokenizer)
+        if self.from_tokenizer is not None and (live.from_tokenizer is None or live.tokenizer is None):
+            raise TypeError("from_tokenizer needs tokenizer= and from_tokenizer= as paths or TokenizerInfos "
+                            "(their id -> token tables), not sizes or tokenizer objects")
         plan = plan_resume(ckpt, analysis, live, self.policy, reset_scheduler=self.reset_scheduler)  # plan
         report = self.report = ResumeReport(
             path=ckpt.path, format=ckpt.format, policy=self.policy, problems=list(plan.problems),
@@ -306,12 +323,20 @@ class ResumeGuard:
             torch.save({..., "optimizer": optimizer.state_dict(), "ckptfix": guard.record()}, p)
 
         With it, `load` matches optimizer state to parameters by name: a changed module
-        registration order is caught (and, with policy "remap", corrected).
+        registration order is caught (and, with policy "remap", corrected). When the guard was given
+        the tokenizer as a path (or TokenizerInfo), the record also names it with its fingerprint:
+        a later `ckptfix repair`/`inspect`/guard then knows which token each row belongs to.
         """
         names = {id(p): n for n, p in named_params(self.model).items()}
         opt = unwrap_optimizer(self.optimizer) if self.optimizer is not None else None
         params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else []
-        return Record(NAMES_SCHEMA, param_names=[names.get(id(p), "") for p in params]).to_json()
+        tok = token_table(self.tokenizer)
+        ref = None
+        if tok is not None:
+            from ckptfix.identity import fingerprint
+
+            ref = TokenizerRef(os.path.abspath(tok.path), tok.size, fingerprint(tok))
+        return Record(NAMES_SCHEMA, param_names=[names.get(id(p), "") for p in params], tokenizer=ref).to_json()
 
     @property
     def lr_factor(self) -> float:

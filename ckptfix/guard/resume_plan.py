@@ -25,10 +25,16 @@ SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "square_avg", "sum")
 
 @dataclass
 class _Target:
-    """What `make_plan` needs of a tokenizer: the row count to resize to."""
+    """What `make_plan` needs of a tokenizer: the row count to resize to (the live model's), and the
+    live tokenizer's id -> token table when the guard has it (then rows can move by token string)."""
 
     size: int
     path: str = "<live model>"
+    tokens: Any = None  # TokenizerInfo of the live tokenizer, or None
+    special_tokens: tuple[str, ...] = ()
+
+    def id_to_token(self) -> list[str | None] | None:
+        return self.tokens.id_to_token() if self.tokens is not None else None
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size}
@@ -98,7 +104,7 @@ def plan_resume(ckpt: Any, analysis: Any, live: Live, policy: str, *, reset_sche
     """Decide how `ckpt` (with its `inspect.analyse` result) loads into `live` under `policy`."""
     model = plan_model(ckpt, analysis, live, policy)
     plan = ResumePlan(policy, model.plan, notes=list(ckpt.notes))
-    plan.problems = check_tokenizer(live) + model.problems
+    plan.problems = check_tokenizer(live) + check_token_ids(ckpt, analysis, live, model.plan) + model.problems
     plan.optimizer = _plan_optimizer_side(ckpt, analysis.mapping, live, plan)
     record = ckpt.record if ckpt.record is not None else Record()
     plan.problems += check_sections(ckpt, live, policy, record)
@@ -213,6 +219,33 @@ def key_problems(ckpt: Any, keys: dict[str, str], live: Live, unexpected_severit
     return problems
 
 
+def check_token_ids(ckpt: Any, analysis: Any, live: Live, model: ModelPlan) -> list[Problem]:
+    """CKF828: the checkpoint's rows belong to an old tokenizer whose tokens have other ids in the live one,
+    and the rows would be loaded by id (same shapes: nothing resizes them; or no remap by token)."""
+    if live.tokenizer is None:
+        return []
+    from ckptfix.identity import id_moves, known_old_tokenizer
+    from ckptfix.vocab import vocab_rows
+
+    rows = vocab_rows(analysis.vocab)
+    old, _ = known_old_tokenizer(ckpt, rows, live.from_tokenizer)
+    if old is None or rows is None:
+        return []
+    moves = id_moves(old.info, live.tokenizer, rows)
+    if not moves.moved:
+        return []
+    fix = (f"`ckptfix repair CKPT --tokenizer {live.tokenizer.path} --from-tokenizer {old.path} -o FIXED` "
+           "and load FIXED")
+    return [Problem(
+        "CKF828", "error",
+        f"{len(moves.moved)} of {moves.shared} tokens have another id in the live tokenizer than in the one the "
+        f"checkpoint was trained with ({old.describe()}), e.g. {moves.examples(3)}: rows loaded by id would "
+        f"belong to other tokens. Fix: {fix}" + (", or policy='remap' with from_tokenizer= when the row count "
+                                                 "changed too" if model.repair is None else "") + ".",
+        tuple(v.name for v in analysis.vocab if v.tied_to is None))] if model.repair is None or \
+        model.repair.rows_by != "token" else []
+
+
 def check_tokenizer(live: Live) -> list[Problem]:
     """CKF824: the tokenizer needs more rows than the embedding has."""
     size, found = live.tokenizer_size, live.embedding
@@ -300,7 +333,9 @@ def _vocab_plan(ckpt: Any, analysis: Any, names: list[str], live: Live, keys: di
     if len(targets) != 1:
         return None, f"the model's vocab tensors disagree on their row count ({sorted(targets)})"
     try:
-        plan = make_plan(analysis, _Target(targets.pop()), policy=policy, format_notes=False)
+        tok = live.tokenizer
+        target = _Target(targets.pop(), tok.path if tok is not None else "<live model>", tok)
+        plan = make_plan(analysis, target, live.from_tokenizer, policy=policy, format_notes=False)
     except CkptfixError as exc:
         return None, str(exc)
     return plan, ""

@@ -232,6 +232,8 @@ def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[
     rows = vocab_rows(report.vocab)
     if keep_ids:
         return None, "id", ["rows kept by id (--keep-ids): token i keeps row i"]
+    if tokenizer.id_to_token() is None:  # the guard's target without a token table: only a row count
+        return None, "id", []
     old, notes = known_old_tokenizer(report.ckpt, rows, given)
     if old is not None:
         if old.origin != "given":
