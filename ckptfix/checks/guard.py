@@ -62,3 +62,7 @@ declare("CKF826", "error", "other shape mismatch",
         "Any other tensor whose shape differs between checkpoint and model.")
 declare("CKF827", "warning", "training state on one side only",
         "Optimizer/scheduler/scaler state on one side only (e.g. the scheduler would warm up again).")
+declare("CKF828", "error", "tokens changed id: rows would load by id",
+        "The live tokenizer gives other ids to tokens the checkpoint's rows belong to (named by its ckptfix "
+        "record, its folder or `from_tokenizer=`), and the load would keep rows by id: stopped before "
+        "anything is loaded.")

@@ -47,6 +47,9 @@ Load-time findings (each a `Problem`; `params` names the tensors concerned):
   CKF827  a training-state section is missing on one side: the checkpoint has no optimizer/
           scheduler/scaler state for a live object (it starts from scratch: warmup again), or
           it has one that no live object receives (warning).
+  CKF828  the live tokenizer gives other ids to tokens the checkpoint's rows belong to (its
+          record, its folder or `from_tokenizer=` names that tokenizer) and the rows would be
+          loaded by id (error; "remap" with `from_tokenizer=` moves them when the rows resize).
 
 Policies:
 
