@@ -270,7 +270,11 @@ def check_live_state(model: Any, optimizer: Any) -> list[Problem]:
             "CKF822", "error",
             f"the optimizer state of {len(misshaped)} parameter(s) has another shape than the "
             "parameter (state loaded by position onto other parameters, or a resized vocab "
-            "without resized moments): optimizer.step() fails or corrupts them.",
+            "without resized moments). optimizer.load_state_dict never checks this: the for-loop "
+            "and foreach AdamW raise at the first step(), fused=True (Trainer's adamw_torch_fused) "
+            "reads past the moments (NaN weights, heap corruption) or uses other rows' history. "
+            "Fix: `ckptfix repair CKPT --tokenizer TOK -o FIXED` (moments follow their rows), or "
+            "load with ResumeGuard(policy='remap').",
             tuple(misshaped),
         ))
     if not bad:

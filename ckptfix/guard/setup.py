@@ -222,6 +222,20 @@ def _scheduler_at_start(scheduler: Any) -> bool:
     return getattr(inner, "last_epoch", None) == 0
 
 
+def _next_lrs(scheduler: Any) -> list[float] | None:
+    """The lr a LambdaLR (every Hugging Face schedule is one) gives at its next step, from the live
+    lambdas (the loop's own code, not the checkpoint's); None for other schedulers."""
+    inner = getattr(scheduler, "scheduler", scheduler)  # accelerate's AcceleratedScheduler
+    lambdas, bases = getattr(inner, "lr_lambdas", None), getattr(inner, "base_lrs", None)
+    step = getattr(inner, "last_epoch", None)
+    if not isinstance(lambdas, list) or not isinstance(bases, list) or not isinstance(step, int):
+        return None
+    try:
+        return [float(base) * float(fn(step + 1)) for fn, base in zip(lambdas, bases)]
+    except Exception:  # a user lambda that fails outside its loop: no opinion
+        return None
+
+
 def _check_learning_rate(s: _Setup) -> list[Problem]:
     """CKF807: a param group with lr 0 (fine at warmup step 0, dead otherwise)."""
     if s.optimizer is None:
@@ -238,6 +252,16 @@ def _check_learning_rate(s: _Setup) -> list[Problem]:
             "CKF807", "warning",
             f"param group(s) {zero} have lr 0 at scheduler step 0; fine for a warmup that starts "
             "from 0, but nothing is learned if it stays 0.",
+            params,
+        )]
+    upcoming = _next_lrs(s.scheduler)
+    if upcoming is not None and all(upcoming[i] > 0 for i in zero if i < len(upcoming)):
+        return [Problem(
+            "CKF807", "warning",
+            f"param group(s) {zero} have lr 0 now (the end of the saved schedule, restored with the "
+            f"optimizer), and the live scheduler raises it to {max(upcoming):.3g} at its next step: the "
+            "first resumed step changes nothing, the next ones train (Hugging Face Trainer resumed with a "
+            "longer max_steps does exactly this).",
             params,
         )]
     return [Problem(

@@ -4,7 +4,9 @@
                       callbacks=[ResumeGuardCallback(steps=3)])
 
 At `on_train_begin` it runs `check_training_setup` (this catches e.g. an SFTTrainer/peft run
-with 0 trainable parameters before the first cryptic "does not require grad" error), then
+with 0 trainable parameters before the first cryptic "does not require grad" error) and checks the
+optimizer state the Trainer restored from `resume_from_checkpoint` against the parameters (CKF822:
+wrong-shaped moments, which the fused AdamW would turn into NaN or a heap crash), then
 probes the first `steps` optimizer steps with a `StepProbe`. Hooks used, in the order the
 Trainer loop calls them (checked against transformers 5.23; on a version without
 `on_pre_optimizer_step` only the setup checks run):
@@ -30,7 +32,9 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "without it, use ckptfix.guard.check_training_setup and StepProbe in your own loop."
     ) from exc
 
-from ckptfix.guard import StepProbe, check_training_setup
+from ckptfix.guard import ResumeError, StepProbe, check_training_setup
+from ckptfix.guard.problems import raise_or_warn
+from ckptfix.guard.resume_apply import check_live_state
 
 __all__ = ["ResumeGuardCallback"]
 
@@ -58,6 +62,7 @@ class ResumeGuardCallback(TrainerCallback):
         self._setup_checked_with_optimizer = optimizer is not None
         if model is not None:
             check_training_setup(model, optimizer, scheduler=lr_scheduler)
+            _check_loaded_state(model, optimizer)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None,
                               lr_scheduler=None, **kwargs):
@@ -79,7 +84,17 @@ class ResumeGuardCallback(TrainerCallback):
         if not self._setup_checked_with_optimizer:
             self._setup_checked_with_optimizer = True
             check_training_setup(model, optimizer, scheduler=lr_scheduler)
+            _check_loaded_state(model, optimizer)
         if self.probe is None:
             # An accelerate-wrapped optimizer carries its GradScaler; StepProbe picks it up.
             self.probe = StepProbe(model, optimizer, steps=self.steps, unused_ok=self.unused_ok)
         return self.probe if self.probe.active else None
+
+
+def _check_loaded_state(model: Any, optimizer: Any) -> None:
+    """The Trainer has loaded optimizer.pt (resume_from_checkpoint) before on_train_begin: every moment
+    must have its parameter's shape (CKF822) and dtype/device (CKF823). PyTorch checks neither, and the
+    fused AdamW the Trainer uses by default corrupts memory on the first step instead of raising."""
+    if optimizer is not None:
+        problems = check_live_state(model, optimizer)
+        raise_or_warn(problems, lambda found: ResumeError(found), stacklevel=4)
