@@ -44,6 +44,8 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(import_module(_LAZY[name]), name)
+    if name == "integrations":  # `ckptfix.integrations.transformers.ResumeGuardCallback()` after `import ckptfix`
+        return import_module("ckptfix.integrations")
     raise AttributeError(f"module 'ckptfix' has no attribute {name!r}")
 
 

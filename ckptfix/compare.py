@@ -86,9 +86,16 @@ class DiffReport:
         return bool(self.trainable_changed)
 
     @property
+    def same_step(self) -> bool:
+        """Both checkpoints say they were saved at the same step: no training lies between them (the
+        same checkpoint, a copy, or a repaired copy), so unchanged weights are not a finding."""
+        return self.a.step is not None and self.a.step == self.b.step
+
+    @property
     def exit_code(self) -> int:
-        """0 when weights move; 1 when nothing trainable changed (a finding, like inspect's errors)."""
-        return 0 if self.moving else 1
+        """0 when weights move (or both sides are the same step); 1 when training between two steps
+        changed nothing trainable (a finding, like inspect's errors)."""
+        return 0 if self.moving or self.same_step else 1
 
     @property
     def summary_line(self) -> str:
@@ -100,6 +107,10 @@ class DiffReport:
         changed, compared = len(self.trainable_changed), len(self.trainable_compared)
         if not compared:
             return "no trainable tensor present in both checkpoints: nothing to compare"
+        if not changed and self.same_step:
+            other = len(self.tensors) - len(self.with_status("unchanged"))
+            return (f"same step ({_step(self.a.step)} in both): no training between them; every tensor compared "
+                    "is identical" + (f", {other} differ in shape or presence (a repaired copy?)" if other else ""))
         if not changed:
             return "no trainable tensor changed: training is not updating weights"
         if changed < compared:

@@ -63,6 +63,12 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
         ckpt.model = _model_tensors(path, tree, locate_for)
         ckpt.tied = find_tied(ckpt.model)
         return ckpt
+    if is_optimizer_state(tree):  # a lone optimizer.state_dict(): optimizer.pt, accelerate's optimizer.bin
+        ckpt.sections["optimizer"] = ""
+        ckpt.optimizer = parse_optimizer(tree, locate_for, path)
+        ckpt.notes.append("a lone optimizer state_dict: no model weights in this file (moments are checked "
+                          "against each other only; inspect the checkpoint folder to check them against the model)")
+        return ckpt
     if any(k in tree for k in LIGHTNING_KEYS):
         ckpt.format = "lightning"
     if _is_composer(tree):

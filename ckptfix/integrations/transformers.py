@@ -20,6 +20,7 @@ Importing this module needs transformers; `ckptfix` itself never imports it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -32,9 +33,10 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "without it, use ckptfix.guard.check_training_setup and StepProbe in your own loop."
     ) from exc
 
-from ckptfix.guard import ResumeError, StepProbe, check_training_setup
+from ckptfix.guard import ResumeError, StepProbe, TrainingSetupWarning, check_training_setup
 from ckptfix.guard.problems import raise_or_warn
 from ckptfix.guard.resume_apply import check_live_state
+from ckptfix.guard.setup import unwrap_optimizer
 
 __all__ = ["ResumeGuardCallback"]
 
@@ -47,10 +49,13 @@ class ResumeGuardCallback(TrainerCallback):
     Raises `ckptfix.guard.TrainingSetupError` out of `trainer.train()` on an error-level finding.
     """
 
-    def __init__(self, steps: int = 3, *, unused_ok: Iterable[str] = ()):
+    def __init__(self, steps: int = 3, *, unused_ok: Iterable[str] = (), rewarm_steps: int = 100):
         self.steps = steps
         self.unused_ok = tuple(unused_ok)
+        self.rewarm_steps = rewarm_steps
         self.probe: StepProbe | None = None
+        self.rewarm_done = 0  # steps re-warmed so far (see `_start_rewarm`)
+        self._rewarming = False
         self._setup_checked_with_optimizer = False
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
@@ -63,10 +68,18 @@ class ResumeGuardCallback(TrainerCallback):
         if model is not None:
             check_training_setup(model, optimizer, scheduler=lr_scheduler)
             _check_loaded_state(model, optimizer)
+        self._start_rewarm(state, optimizer)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None,
                               lr_scheduler=None, **kwargs):
-        """Gradients of this step are ready (after clipping): check them, snapshot weights."""
+        """Gradients of this step are ready (after clipping): check them, snapshot weights; scale the
+        LR while re-warming (the scheduler recomputes it from its base LRs at its next step)."""
+        if self._rewarming and optimizer is not None:
+            self.rewarm_done += 1
+            factor = self.rewarm_done / self.rewarm_steps
+            for group in unwrap_optimizer(optimizer).param_groups:
+                group["lr"] = float(group["lr"]) * factor
+            self._rewarming = self.rewarm_done < self.rewarm_steps
         probe = self._probe_for(model, optimizer, lr_scheduler)
         if probe is not None:
             probe.before_step()  # runs after_backward's gradient checks first
@@ -76,6 +89,19 @@ class ResumeGuardCallback(TrainerCallback):
         skipped by a GradScaler)."""
         if self.probe is not None:
             self.probe.after_step()
+
+    def _start_rewarm(self, state: Any, optimizer: Any) -> None:
+        """A resumed run (global_step > 0) whose optimizer has no state: `ckptfix repair --policy fresh`
+        dropped it (or optimizer.pt was lost). Adam restarting its moments at full LR takes huge first
+        steps, so the LR is re-warmed linearly over `rewarm_steps`, on top of the Trainer's schedule."""
+        if optimizer is None or self.rewarm_steps <= 0 or getattr(state, "global_step", 0) <= 0:
+            return
+        if any(unwrap_optimizer(optimizer).state.values()):
+            return
+        self._rewarming, self.rewarm_done = True, 0
+        warnings.warn(f"resumed at step {state.global_step} with empty optimizer state (a `ckptfix repair "
+                      f"--policy fresh` output?): re-warming the LR linearly over {self.rewarm_steps} steps",
+                      TrainingSetupWarning, stacklevel=3)
 
     def _probe_for(self, model: Any, optimizer: Any, lr_scheduler: Any) -> StepProbe | None:
         """The probe, created on the first step (the optimizer surely exists by then)."""

@@ -111,6 +111,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         if writer is None:
             return RepairResult(plan, None, False, build_record(plan, None),
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
+        _check_output_name(ckpt.format, out)
         check_output_path(source, out, force=force, sidecar=_writes_sidecar(ckpt))
         if hasher is None:  # `out` existed at the first check and is gone now
             hasher = BackgroundHash(source, paced=paced)
@@ -167,6 +168,22 @@ def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: A
 def _writes_sidecar(ckpt: Any) -> bool:
     """Whether the record goes beside OUT as `OUT.ckptfix.json` (a safetensors file, a bare state_dict)."""
     return ckpt.format == "safetensors" or (ckpt.format in ("torch", "lightning") and ckpt.sections.get("model") == "")
+
+
+_TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
+
+
+def _check_output_name(fmt: str, out: str) -> None:
+    """Repair writes the input's format; an output name that promises another one is refused, not
+    silently given other bytes (a .safetensors file that safetensors cannot open)."""
+    name = out.lower().rstrip("/")
+    if fmt in ("torch", "lightning") and name.endswith(".safetensors"):
+        raise RepairError(f"{out}: repair writes a {fmt} checkpoint as torch.save does (optimizer, schedule and "
+                          "all); a .safetensors name would hold a torch zip. Name the output .pth (or .ckpt)")
+    if fmt == "safetensors" and name.endswith(_TORCH_SUFFIXES):
+        raise RepairError(f"{out}: repair writes the input's safetensors format; a {os.path.splitext(name)[1]} "
+                          "name would hold safetensors bytes that torch.load cannot read. Name the output "
+                          ".safetensors")
 
 
 def _writer_for(fmt: str, path: str | None = None):

@@ -1,0 +1,78 @@
+"""The Hugging Face flow end to end with the guard callback on (issue 18): train with `Trainer`, grow the
+tokenizer, repair, resume; grow again, repair the repaired folder, resume again; then, at the last
+checkpoint of a finished schedule (lr 0), resume with a longer schedule. Also: a `--policy fresh` repair
+resumed under the callback re-warms the LR.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import ckptfix
+from ckptfix.guard import TrainingSetupWarning
+from tokenizer_factory import make_hf_tokenizer_folder
+
+pytestmark = pytest.mark.transformers
+transformers = pytest.importorskip("transformers")
+
+
+def trainer(tok_folder, out, max_steps, callback):
+    tok = transformers.AutoTokenizer.from_pretrained(tok_folder)
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=len(tok), n_positions=32,
+                                  bos_token_id=0, eos_token_id=0, tie_word_embeddings=False)
+    args = transformers.TrainingArguments(
+        output_dir=str(out), max_steps=max_steps, save_steps=3, report_to=[], use_cpu=True,
+        per_device_train_batch_size=4, learning_rate=1e-3, warmup_steps=1, disable_tqdm=True, seed=0,
+        optim="adamw_torch_fused")
+    ids = torch.randint(0, len(tok), (24, 12), generator=torch.Generator().manual_seed(0))
+    return transformers.Trainer(model=transformers.GPT2LMHeadModel(cfg), args=args, processing_class=tok,
+                                train_dataset=[{"input_ids": r, "labels": r} for r in ids], callbacks=[callback])
+
+
+def test_train_grow_repair_resume_twice_then_extend_a_finished_schedule(tmp_path):
+    from ckptfix.integrations.transformers import ResumeGuardCallback
+
+    tok0 = make_hf_tokenizer_folder(tmp_path, 300, name="tok0")
+    t = trainer(tok0, tmp_path / "run0", 3, ResumeGuardCallback())
+    t.train()
+    ckpt = tmp_path / "run0" / "checkpoint-3"
+    for hop, added in enumerate((["<a>", "<b>"], ["<a>", "<b>", "<c>", "<d>"]), 1):
+        tok = make_hf_tokenizer_folder(tmp_path, 300, added=added, name=f"tok{hop}")
+        fixed = tmp_path / f"fixed{hop}"
+        result = ckptfix.repair(ckpt, tok, fixed)
+        assert result.to_json()["optimizer_state"] == "remapped"
+        callback = ResumeGuardCallback()
+        t = trainer(tok, tmp_path / f"run{hop}", 3 * (hop + 1), callback)
+        t.train(resume_from_checkpoint=str(fixed))  # the guard callback lets it through, and it trains
+        assert t.state.global_step == 3 * (hop + 1) and callback.probe is not None and callback.probe.problems == []
+        ckpt = tmp_path / f"run{hop}" / f"checkpoint-{3 * (hop + 1)}"  # the repaired folder's run saved again
+
+    # The final checkpoint of a finished schedule (linear decay to lr 0): inspect says info, and a longer
+    # schedule resumes through the guard (a CKF807 warning: the first step runs at lr 0, then it trains).
+    report = ckptfix.inspect(ckpt, tmp_path / "tok2")
+    assert [(f.code, f.severity) for f in report.findings if f.code == "CKF302"] == [("CKF302", "info")]
+    assert report.exit_code == 0
+    t = trainer(tmp_path / "tok2", tmp_path / "run3", 12, ResumeGuardCallback())
+    with pytest.warns(TrainingSetupWarning, match="CKF807"):
+        t.train(resume_from_checkpoint=str(ckpt))
+    assert t.state.global_step == 12
+
+
+def test_policy_fresh_rewarms_under_the_callback(tmp_path):
+    from ckptfix.integrations.transformers import ResumeGuardCallback
+
+    tok0 = make_hf_tokenizer_folder(tmp_path, 300, name="tok0")
+    trainer(tok0, tmp_path / "run0", 3, ResumeGuardCallback()).train()
+    tok1 = make_hf_tokenizer_folder(tmp_path, 300, added=["<a>"], name="tok1")
+    ckptfix.repair(tmp_path / "run0" / "checkpoint-3", tok1, tmp_path / "fresh", policy="fresh")
+    callback = ResumeGuardCallback(rewarm_steps=4)
+    t = trainer(tok1, tmp_path / "run1", 9, callback)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.train(resume_from_checkpoint=str(tmp_path / "fresh"))
+    assert any("re-warming the LR" in str(w.message) for w in caught)
+    assert callback.rewarm_done == 4 and t.state.global_step == 9
