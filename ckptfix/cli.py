@@ -44,9 +44,12 @@ def cli() -> None:
 @click.option("--verify", is_flag=True, help="Also check every zip record against its CRC-32.")
 @click.option("--trust-pickle", is_flag=True,
               help="Read pickles that need globals outside the allowlist, as inert records (still never executed).")
+@click.option("--select", multiple=True, metavar="CODE",
+              help="Report only these codes (a prefix selects a family: CKF1, CKF30). Repeatable, as in ruff.")
+@click.option("--ignore", multiple=True, metavar="CODE", help="Leave these codes (or prefixes) out. Repeatable.")
 @_QUIET
 def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, as_json: bool, scan: bool, verify: bool,
-            trust_pickle: bool, quiet: bool) -> None:
+            trust_pickle: bool, select: tuple[str, ...], ignore: tuple[str, ...], quiet: bool) -> None:
     """Report model, optimizer, scheduler and scaler state, and list findings.
 
     \b
@@ -59,6 +62,8 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
 
     report = run_inspect(checkpoint, tokenizer, scan=scan, verify=verify, trust_pickle=trust_pickle,
                          from_tokenizer=from_tokenizer, progress=terminal_progress(quiet))
+    if select or ignore:
+        report.select(select, ignore)
     if as_json:
         _emit_json(report.to_json())
     else:

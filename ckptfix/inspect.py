@@ -33,6 +33,13 @@ class Report:
     def exit_code(self) -> int:
         return 1 if any(f.severity == "error" for f in self.findings) else 0
 
+    def select(self, select: Iterable[str] = (), ignore: Iterable[str] = ()) -> None:
+        """Keep the findings whose code starts with one of `select` (all if empty) and none of `ignore`,
+        as ruff's --select/--ignore do; the exit code then follows the findings kept."""
+        keep, drop = tuple(c.upper() for c in select), tuple(c.upper() for c in ignore)
+        self.findings = [f for f in self.findings
+                         if (not keep or f.code.startswith(keep)) and not (drop and f.code.startswith(drop))]
+
     def counts(self) -> dict[str, int]:
         c = Counter(f.severity for f in self.findings)
         return {s: c.get(s, 0) for s in ("error", "warning", "info")}

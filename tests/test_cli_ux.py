@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import ckptfix
-from ckpt_factory import save_checkpoint, train, new_run
+from ckpt_factory import new_run, save_checkpoint, train
 from ckptfix.cli import main
 from ckptfix.errors import RepairError
 from tokenizer_factory import train_sentencepiece
@@ -73,7 +73,9 @@ def test_lone_optimizer_state_dict(capsys, tmp_path):
 
 
 def test_diff_with_itself_is_the_same_step(ckpt, capsys):
-    report = ckptfix.diff(ckpt, ckpt)
+    from ckptfix.diff import diff  # (`ckptfix.diff` is also the module's name until it is renamed)
+
+    report = diff(ckpt, ckpt)
     assert report.same_step and report.exit_code == 0 and report.verdict.startswith("same step")
     code, out, _ = run_cli(["diff", str(ckpt), str(ckpt)], capsys)
     assert code == 0 and "same step" in out
@@ -101,3 +103,13 @@ def test_py_typed_and_the_readme_callback_spelling():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0 and done.stdout.strip() == "ResumeGuardCallback", done.stderr[-500:]
+
+
+def test_select_and_ignore_like_ruff(ckpt, tmp_path, capsys):
+    tok = train_sentencepiece(tmp_path, 80, name="sp")
+    code, out, _ = run_cli(["inspect", str(ckpt), "-t", str(tok), "--json"], capsys)
+    assert code == 1 and "CKF101" in {f["code"] for f in json.loads(out)["findings"]}
+    code, out, _ = run_cli(["inspect", str(ckpt), "-t", str(tok), "--json", "--ignore", "CKF101"], capsys)
+    assert "CKF101" not in {f["code"] for f in json.loads(out)["findings"]}
+    code, out, _ = run_cli(["inspect", str(ckpt), "-t", str(tok), "--json", "--select", "CKF3"], capsys)
+    assert all(f["code"].startswith("CKF3") for f in json.loads(out)["findings"])
