@@ -236,7 +236,6 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Entry point: every CkptfixError becomes one line on stderr and exit code 2, never a traceback."""
     previous = _install(signal.SIGTERM, _on_sigterm)
-    as_json = "--json" in (argv if argv is not None else sys.argv[1:])
     try:
         cli.main(args=argv, prog_name="ckptfix", standalone_mode=False)
     except _Terminated:
@@ -245,14 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:  # usage errors
-        _error_json(as_json, "UsageError", exc.format_message())
         click.echo(f"ckptfix: error: {exc.format_message()}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     except click.exceptions.Abort:
         click.echo("ckptfix: aborted", err=True)
         sys.exit(EXIT_BAD_INPUT)
     except CkptfixError as exc:
-        _error_json(as_json, type(exc).__name__, _one_line(str(exc)))
         click.echo(f"ckptfix: error: {_one_line(str(exc))}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     except BrokenPipeError:
@@ -266,14 +263,6 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-
-
-def _error_json(as_json: bool, kind: str, message: str) -> None:
-    """Under --json, bad input is a JSON object on stdout too (schema ckptfix.error/1), so a script that
-    parses stdout gets a document whatever happened; the one line on stderr stays for people."""
-    if as_json:
-        _emit_json({"schema": "ckptfix.error/1", "error": {"type": kind, "message": message,
-                                                           "exit_code": EXIT_BAD_INPUT}})
 
 
 def _install(signum: int, handler: Any) -> Any:

@@ -36,6 +36,12 @@ class _Target:
     def id_to_token(self) -> list[str | None] | None:
         return self.tokens.id_to_token() if self.tokens is not None else None
 
+    def __getattr__(self, name: str) -> Any:  # anything else a plan reads of a tokenizer (source, kind...)
+        tokens = self.__dict__.get("tokens")
+        if tokens is None or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(tokens, name)
+
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size}
 
