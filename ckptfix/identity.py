@@ -31,7 +31,7 @@ def fingerprint(tokenizer: Any) -> str:
     """A hash of the id -> token table and its size: equal exactly when every id means the same token."""
     h = hashlib.sha256(f"ckptfix.tokens/1 {tokenizer.size}\n".encode())
     for token in tokenizer.id_to_token():
-        data = b"\xff" if token is None else token.encode("utf-8", "surrogatepass")
+        data = token.encode("utf-8", "surrogatepass") if isinstance(token, str) else b"\xff"
         h.update(len(data).to_bytes(4, "little") + data)
     return FINGERPRINT_PREFIX + h.hexdigest()
 
@@ -68,9 +68,10 @@ class IdMoves:
 
 def id_moves(old: Any, new: Any, rows: int | None = None) -> IdMoves:
     """Compare two tokenizers by token string, for the ids that have rows (`rows`: the checkpoint's)."""
-    old_tokens = old.id_to_token()[: rows if rows is not None else None]
+    old_tokens = [t if isinstance(t, str) else None for t in old.id_to_token()[: rows if rows is not None else None]]
+    new_tokens = [t if isinstance(t, str) else None for t in new.id_to_token()]
     new_index: dict[str, int] = {}
-    for i, tok in enumerate(new.id_to_token()):
+    for i, tok in enumerate(new_tokens):
         if tok is not None:
             new_index.setdefault(tok, i)
     moved, shared, removed = [], 0, 0
@@ -84,7 +85,6 @@ def id_moves(old: Any, new: Any, rows: int | None = None) -> IdMoves:
             shared += 1
             if j != i:
                 moved.append((tok, i, j))
-    new_tokens = new.id_to_token()
     appends = not moved and not removed and new_tokens[: len(old_tokens)] == old_tokens
     return IdMoves(shared, tuple(moved), removed, appends)
 
@@ -199,13 +199,14 @@ def _config_special_ids(new: Any, rows: int, config: Any) -> list[Evidence]:
     tokens: configs carry default ids (Llama's 1/2) that a tokenizer without specials never matched."""
     if not isinstance(config, dict) or not new.special_tokens:
         return []
-    table, specials = new.id_to_token(), set(new.special_tokens)
+    table = new.id_to_token()
+    specials = {t for t in new.special_tokens if isinstance(t, str)}
     wrong = []
     for key in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id"):
         value = config.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < min(rows, len(table)):
             token = table[value]
-            if token is not None and token not in specials:
+            if isinstance(token, str) and token not in specials:
                 wrong.append(f"{key}={value} is {token!r}")
     if not wrong:
         return []

@@ -264,8 +264,8 @@ def _tokenizer_json(doc: dict) -> Segmenter | None:
             return None
         merges: dict[Any, int] = {}
         for rank, m in enumerate(model.get("merges") or []):
-            pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
-            if len(pair) == 2:
+            pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) if isinstance(m, list) else ()
+            if len(pair) == 2 and all(isinstance(p, str) for p in pair):  # a merge is two strings; skip damage
                 merges.setdefault(pair, rank)
         seg = Segmenter("bpe-merges", dict(vocab), space, merges=merges, ignore_merges=bool(model.get("ignore_merges")))
         if model.get("byte_fallback"):

@@ -77,11 +77,11 @@ def plan_by_id(old_rows: int, new_rows: int) -> RowPlan:
 
 def plan_by_token(old_rows: int, new_rows: int, old_tokens: list[str | None], new_tokens: list[str | None]) -> RowPlan:
     """Move rows by token string: a token in both tokenizers keeps its trained row wherever its id went."""
-    old_index = {tok: i for i, tok in enumerate(old_tokens) if tok is not None and i < old_rows}
+    old_index = {tok: i for i, tok in enumerate(old_tokens) if isinstance(tok, str) and i < old_rows}
     source = np.full(new_rows, -1, dtype=np.int64)
     kept = moved = 0
     for j, tok in enumerate(new_tokens[:new_rows]):
-        i = old_index.get(tok) if tok is not None else None
+        i = old_index.get(tok) if isinstance(tok, str) else None
         if i is None:
             continue
         source[j] = i
