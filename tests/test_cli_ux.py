@@ -65,9 +65,7 @@ def test_lone_optimizer_state_dict(capsys, tmp_path):
 
 
 def test_diff_with_itself_is_the_same_step(ckpt, capsys):
-    from ckptfix.diff import diff  # (`ckptfix.diff` is also the module's name until it is renamed)
-
-    report = diff(ckpt, ckpt)
+    report = ckptfix.diff(ckpt, ckpt)
     assert report.same_step and report.exit_code == 0 and report.verdict.startswith("same step")
     code, out, _ = run_cli(["diff", str(ckpt), str(ckpt)], capsys)
     assert code == 0 and "same step" in out
