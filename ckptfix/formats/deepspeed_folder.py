@@ -447,7 +447,7 @@ def _gathered_weights(parts: list, g: int, shapes: Mapping[str, tuple]) -> dict[
     """ZeRO-3 over several ranks: each parameter's fp32 master weights from every rank's fp32_flat_groups."""
     layout = _layout(shapes, 3, len(parts), parts[0]["flat"][g].numel)
     flats = [p["flat"][g] if g < len(p["flat"]) else None for p in parts]
-    out = {}
+    out: dict[str, TensorInfo] = {}
     for name, shape in shapes.items():
         info = _assembled(name, shape, flats, layout[name], parts)
         info.name, info.is_parameter = name, True

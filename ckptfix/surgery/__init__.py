@@ -130,7 +130,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
 IN_PLACE_FORMATS = ("dcp", "hf-model", "hf-trainer")
 
 
-def _in_place_writer(fmt: str) -> Callable[..., str]:
+def _in_place_writer(fmt: str) -> Callable[..., str | None]:
     if fmt == "dcp":
         from ckptfix.surgery.write_dcp import write_dcp_folder
 
