@@ -63,6 +63,11 @@ _SCRIPT = textwrap.dedent("""
              for n, p in engine.module.named_parameters()}
     if int(os.environ["RANK"]) == 0:
         torch.save(truth, out + "_truth.pt")
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+    # everything is written and closed: leave before interpreter teardown, where DeepSpeed's/gloo's threads
+    # were seen to abort ("terminate called without an active exception") after a complete save
+    os._exit(0)
 """)
 
 
