@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import struct
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from ckptfix.errors import CkptfixError
+from ckptfix.protobuf import fields as _fields
 
 FINGERPRINT_PREFIX = "sha256:"
 _HF_FOLDER_FORMATS = ("hf-trainer", "hf-model")
@@ -242,33 +242,5 @@ def _sentencepiece_pieces(data: bytes) -> list[tuple[str, int]]:
     return out
 
 
-def _fields(data: bytes) -> Iterator[tuple[int, int | float | bytes]]:
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        wire = key & 7
-        value: int | float | bytes
-        if wire == 0:
-            value, pos = _varint(data, pos)
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
-        elif wire in (1, 5):
-            size = 8 if wire == 1 else 4
-            value, pos = struct.unpack_from("<d" if wire == 1 else "<f", data, pos)[0], pos + size
-        else:
-            raise ValueError("unsupported protobuf wire type")
-        yield key >> 3, value
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")

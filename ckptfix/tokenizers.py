@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ckptfix.errors import TokenizerError
+from ckptfix.protobuf import varint as _varint
 from ckptfix.untrusted import MAX_TOKENIZER_BYTES, parse_json, read_bounded
 
 __all__ = ["TokenizerInfo", "load_tokenizer"]
@@ -352,17 +353,6 @@ def _is_sentencepiece_proto(data: bytes) -> bool:
     return pos == len(data) and pieces > 0
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift >= 64:
-            raise ValueError("overlong varint")
 
 
 def _describe_non_tokenizer(data: bytes) -> str:

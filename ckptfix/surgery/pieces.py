@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from ckptfix.protobuf import fields as _fields
+
 META = "\u2581"  # sentencepiece's word-start marker
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 # GPT-2's pre-tokenizer with Python's `re` (no \p classes): letters are [^\W\d_], "_" is punctuation there.
@@ -322,12 +324,18 @@ def _sentencepiece(data: bytes) -> Segmenter | None:
     model_type = 1
     try:
         for number, value in _fields(data):
+            if number in (1, 2) and not isinstance(value, bytes):
+                return None  # a damaged file: pieces and trainer_spec are messages
             if number == 1:
-                entry = dict(_fields(value))
-                pieces.append((entry.get(1, b"").decode(), entry.get(2, 0.0), entry.get(3, _SP_NORMAL)))
+                entry = dict(_fields(value))  # type: ignore[arg-type]
+                piece, score, kind = entry.get(1, b""), entry.get(2, 0.0), entry.get(3, _SP_NORMAL)
+                if not (isinstance(piece, bytes) and isinstance(score, float) and isinstance(kind, int)):
+                    return None
+                pieces.append((piece.decode(), score, kind))
             elif number == 2:
-                model_type = dict(_fields(value)).get(3, 1)
-    except (ValueError, IndexError, UnicodeDecodeError):
+                spec_type = dict(_fields(value)).get(3, 1)  # type: ignore[arg-type]
+                model_type = spec_type if isinstance(spec_type, int) else -1
+    except (ValueError, IndexError, UnicodeDecodeError, struct.error):
         return None
     if model_type not in (1, 2):  # WORD and CHAR models: not worth a segmenter of their own
         return None
@@ -344,38 +352,8 @@ def _sentencepiece(data: bytes) -> Segmenter | None:
     return seg
 
 
-def _fields(data: bytes):
-    """(field number, value) of a protobuf message: bytes for length-delimited, float for fixed32."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        value: Any
-        if wire == 0:
-            value, pos = _varint(data, pos)
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
-        elif wire == 5:
-            value, pos = struct.unpack_from("<f", data, pos)[0], pos + 4
-        elif wire == 1:
-            value, pos = struct.unpack_from("<d", data, pos)[0], pos + 8
-        else:
-            raise ValueError("unsupported wire type")
-        yield number, value
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value, shift = 0, 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-        if shift >= 64:
-            raise ValueError("overlong varint")
 
 
 def piece_rows(source: np.ndarray, new_tok: Any, old_tok: Any, old_rows: int) -> dict[int, tuple[int, ...]]:
