@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ckptfix.protobuf import fields as _fields
+from ckptfix.tokenizer_formats import BYTE_ALPHABET
 
 META = "\u2581"  # sentencepiece's word-start marker
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -39,15 +40,7 @@ _UNK_PENALTY = 10.0  # both libraries score an unknown character at min(score) -
 @lru_cache(maxsize=1)
 def byte_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character table (`bytes_to_unicode`): bytes that print stay."""
-    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table, extra = {}, 0
-    for b in range(256):
-        if b in keep:
-            table[b] = chr(b)
-        else:
-            table[b] = chr(256 + extra)
-            extra += 1
-    return table
+    return dict(enumerate(BYTE_ALPHABET))
 
 
 @dataclass
