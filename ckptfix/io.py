@@ -428,6 +428,19 @@ SIDECAR_SUFFIX = ".ckptfix.json"
 _TMP_EXTRA = 1 + len(TMP_MARK) + 8 + 4
 
 
+def output_target(source: str, out: str | os.PathLike | None, *, force: bool) -> tuple[str, bool]:
+    """(OUT as a string, whether it names the source itself); refuses a missing OUT and an existing one
+    without --force. Shared by repair and convert, before their fuller `check_output_path`."""
+    if out is None:
+        raise RepairError("an output path is required (-o OUT), or --dry-run")
+    out = os.fspath(out)
+    in_place = same_file(source, out) or os.path.abspath(source) == os.path.abspath(out)
+    if os.path.lexists(out) and not force:
+        raise RepairError(f"{out}: already exists; pass --force to replace it"
+                          + (" (the original is kept as a .bak)" if in_place else ""))
+    return out, in_place
+
+
 def check_output_path(source: str, out: str, *, force: bool, sidecar: bool = False) -> None:
     """Refuse, before anything is read or written, an OUT the writer cannot or must not create.
 

@@ -27,7 +27,7 @@ from ckptfix.formats.pickle_safe import (
     global_name,
     globals_in_pickle,
 )
-from ckptfix.io import BackgroundHash, atomic_file, backup_path, same_file
+from ckptfix.io import BackgroundHash, atomic_file, backup_path, output_target
 
 
 @dataclass
@@ -73,13 +73,7 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
     _check_plain(new_tree)
     if dry_run:
         return result
-    if out is None:
-        raise RepairError("an output path is required (-o OUT), or --dry-run")
-    out = os.fspath(out)
-    in_place = same_file(source, out) or os.path.abspath(source) == os.path.abspath(out)
-    if os.path.lexists(out) and not force:
-        raise RepairError(f"{out}: already exists; pass --force to replace it"
-                          + (" (the original is kept as a .bak)" if in_place else ""))
+    out, in_place = output_target(source, out, force=force)
     hasher = BackgroundHash(source)
     try:
         # not final: the record with a placeholder hash of the same length (the writer pickles it twice)

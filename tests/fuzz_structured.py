@@ -578,29 +578,20 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
 def _proto_fields(data: bytes) -> list[tuple[int, int, int]]:
     """(start, end, field number) of top-level protobuf fields; stops at damage."""
+    from ckptfix.protobuf import varint  # after the sys.path set-up above, as the CLI import below
+
     out, pos = [], 0
     try:
         while pos < len(data):
             start = pos
-            key, pos = _read_varint(data, pos)
+            key, pos = varint(data, pos)
             wire = key & 7
             if wire == 0:
-                _, pos = _read_varint(data, pos)
+                _, pos = varint(data, pos)
             elif wire == 2:
-                n, pos = _read_varint(data, pos)
+                n, pos = varint(data, pos)
                 pos += n
             elif wire == 5:
                 pos += 4

@@ -18,7 +18,7 @@ import numpy as np
 from ckptfix.errors import RepairError
 from ckptfix.formats import read_checkpoint
 from ckptfix.inspect import analyse
-from ckptfix.io import BackgroundHash, check_output_path, same_file
+from ckptfix.io import BackgroundHash, check_output_path, output_target
 from ckptfix.record import REPAIR_SCHEMA, Record, TokenizerRef
 from ckptfix.surgery.plan import RepairPlan, make_plan
 
@@ -101,13 +101,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
         if dry_run:
             return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
-        if out is None:
-            raise RepairError("an output path is required (-o OUT), or --dry-run")
-        out = os.fspath(out)
-        in_place = same_file(source, out) or os.path.abspath(source) == os.path.abspath(out)
-        if os.path.lexists(out) and not force:
-            raise RepairError(f"{out}: already exists; pass --force to replace it"
-                              + (" (the original is kept as a .bak)" if in_place else ""))
+        out, in_place = output_target(source, out, force=force)
         if writer is None:
             return RepairResult(plan, None, False, build_record(plan, None),
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
