@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ckptfix.dtypes import DTYPE_SIZES, FLOAT_DTYPES, NUMPY_DTYPES, contiguous_stride
+from ckptfix.dtypes import DTYPE_SIZES, FLOAT_DTYPES, NUMPY_DTYPES, QUANTIZED_DTYPES, contiguous_stride
 from ckptfix.errors import UnreadableCheckpoint
 
 
@@ -75,6 +75,9 @@ class TensorInfo:
 
     def to_torch(self):
         """The values as a torch tensor backed by a private copy-on-write map of the file."""
+        if self.dtype in QUANTIZED_DTYPES:  # the integers alone would load as wrong values
+            raise UnreadableCheckpoint(f"{self.name}: a quantized tensor ({self.dtype}); ckptfix reads its integers "
+                                       "only, not its scales: load it with torch.load")
         stride = self.stride if self.stride is not None else self.contiguous_stride()
         return stored_to_torch(_mapped_storage(self, writable=True), self.dtype).as_strided(
             self.shape, stride, self.offset)

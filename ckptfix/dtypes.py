@@ -54,7 +54,15 @@ DTYPES: dict[str, DType] = {d.name: d for d in (
     DType("bits1x8", 1, np.uint8),
     DType("bits2x4", 1, np.uint8),
     DType("bits4x2", 1, np.uint8),
+    # quantized tensors (torch.ao, `quantize_per_tensor`/`_per_channel`): the integer representation is
+    # stored; scale, zero point and axis live in the pickle (`pickle_safe.TensorRef.quantizer`)
+    DType("qint8", 1, np.int8, storage="QInt8Storage"),
+    DType("quint8", 1, np.uint8, storage="QUInt8Storage"),
+    DType("qint32", 4, np.int32, storage="QInt32Storage"),
 )}
+# Quantized dtypes: read as their integers, carried verbatim, never resized (rows of a quantized
+# tensor are not values ckptfix can compute, and per-channel scales would have to follow them).
+QUANTIZED_DTYPES: frozenset[str] = frozenset({"qint8", "quint8", "qint32"})
 
 # Views of the table, for the layers that need one column.
 DTYPE_SIZES: dict[str, int] = {n: d.size for n, d in DTYPES.items()}

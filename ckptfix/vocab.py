@@ -196,3 +196,24 @@ def tied_head_missing(ckpt: Checkpoint) -> bool:
     return isinstance(metadata, dict) and any(
         isinstance(kept, str) and kept in ckpt.model and dropped not in ckpt.model and HEAD_NAMES.search(dropped)
         and EMBEDDING_NAMES.search(kept) for dropped, kept in metadata.items())
+
+
+def quantized_vocab_tensors(ckpt: Checkpoint, vocab: list[VocabTensor]) -> list[str]:
+    """Quantized model tensors with a vocab tensor's row count as their first dimension (a torch.ao
+    quantized embedding's `_packed_weight`, a quantized head): vocab tensors repair cannot resize."""
+    from ckptfix.dtypes import QUANTIZED_DTYPES
+
+    rows = {v.rows for v in vocab}
+    return [n for n, t in ckpt.model.items() if t.dtype in QUANTIZED_DTYPES and t.shape and t.shape[0] in rows]
+
+
+def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
+    """Why `ckptfix repair` would refuse this checkpoint's vocab tensors, decided from the model alone; inspect
+    prints it instead of a repair command that would fail."""
+    quantized = quantized_vocab_tensors(ckpt, vocab)
+    if quantized:
+        return (f"{quantized[0]} is a quantized vocab tensor ({ckpt.model[quantized[0]].dtype}"
+                f"{f' and {len(quantized) - 1} more' if len(quantized) > 1 else ''}): ckptfix does not resize "
+                "quantized tensors (new rows and per-channel scales cannot be computed from the integers); "
+                "resize the float model, then quantize it again")
+    return None

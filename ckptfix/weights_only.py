@@ -18,12 +18,11 @@ import numpy as np
 
 from ckptfix.errors import RepairError
 from ckptfix.formats import detect, torch_file, torch_save
-from ckptfix.formats.common import iter_leaves
+from ckptfix.formats.common import iter_leaves, iter_tensor_refs
 from ckptfix.formats.data_globals import Conversion, Converter, Use, torch_refuses, uses
 from ckptfix.formats.pickle_safe import (
     OpaqueObject,
     StorageRef,
-    TensorRef,
     global_name,
     globals_in_pickle,
 )
@@ -87,8 +86,7 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
 
 
 def _next_key(tree: Any) -> int:
-    keys = [int(ref.storage.key) for ref in iter_leaves(tree)
-            if isinstance(ref, TensorRef) and ref.storage.key.isdigit()]
+    keys = [int(ref.storage.key) for ref in iter_tensor_refs(tree) if ref.storage.key.isdigit()]
     return max(keys, default=-1) + 1
 
 

@@ -8,6 +8,7 @@ record offsets instead of looking them up: it accepts only torch.save's exact re
 from __future__ import annotations
 
 import json
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -87,28 +88,124 @@ def test_every_dtype_round_trips_bit_identical(every_dtype, how):
         assert torch.equal(after["embed_tokens.weight"][:100], before["embed_tokens.weight"])
 
 
-def test_record_layout_is_torch_saves(every_dtype, tmp_path):
+def _layout(path: Path) -> tuple[list[str], list[tuple[int, int, int]]]:
+    with zipfile.ZipFile(path) as zf:
+        infos = zf.infolist()
+    names = [i.filename.split("/", 1)[1] for i in infos]
+    records = [i for i in infos if i.filename.split("/", 1)[1].startswith("data/")]
+    start = records[0].header_offset  # data.pkl (first) is pickled by another pickler: count from data/0
+    return names, [(i.header_offset - start, i.file_size, i.CRC) for i in records]
+
+
+def _assert_torch_save_layout(out: Path, tmp_path: Path) -> None:
     """The same members in the same order at the same offsets as torch.save gives the same tensors."""
-    _, out = every_dtype
-    again = tmp_path / "fixed.pt"  # torch.save names the archive folder after the file, as the source's
+    again = tmp_path / out.name  # torch.save names the archive folder after the file, as the source's
     loaded = torch.load(out, weights_only=True)
     loaded.pop("ckptfix")
     torch.save(loaded, again)
-
-    def layout(path: Path) -> tuple[list[str], list[tuple[int, int, int]]]:
-        with zipfile.ZipFile(path) as zf:
-            infos = zf.infolist()
-        names = [i.filename.split("/", 1)[1] for i in infos]
-        records = [i for i in infos if i.filename.split("/", 1)[1].startswith("data/")]
-        start = records[0].header_offset  # data.pkl (first) is pickled by another pickler: count from data/0
-        return names, [(i.header_offset - start, i.file_size, i.CRC) for i in records]
-
-    names, records = layout(out)
+    names, records = _layout(out)
     assert names[:4] == ["data.pkl", ".format_version", ".storage_alignment", "byteorder"]
     assert names[-2:] == ["version", ".data/serialization_id"]
-    theirs = layout(again)
+    theirs = _layout(again)
     assert names == theirs[0]
     assert records == theirs[1]
+
+
+def test_record_layout_is_torch_saves(every_dtype, tmp_path):
+    _assert_torch_save_layout(every_dtype[1], tmp_path)
+
+
+# --- quantized tensors (torch.ao): the integers are the storage, scale/zero point/axis live in the pickle ---
+
+def _quantized_model(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    import torch.ao.nn.quantized as nnq
+
+    x = torch.randn(6, 5, generator=gen) * 3
+    per_tensor = {f"q.{d}": torch.quantize_per_tensor(x, 0.037, 3 if d == "quint8" else 0, getattr(torch, d))
+                  for d in ("qint8", "quint8", "qint32")}
+    ch0 = torch.quantize_per_channel(x, torch.rand(6, generator=gen, dtype=torch.float64) / 10 + 0.01,
+                                     torch.randint(0, 9, (6,), generator=gen), 0, torch.quint8)
+    ch1 = torch.quantize_per_channel(x, torch.rand(5, generator=gen, dtype=torch.float64) / 10 + 0.01,
+                                     torch.zeros(5, dtype=torch.long), 1, torch.qint8)
+    # what a torch.ao quantized nn.Embedding saves: per_channel_affine_float_qparams (float zero points)
+    table = nnq.Embedding(12, 5).state_dict()["_packed_params._packed_weight"]
+    return {**per_tensor, "q.channel0": ch0, "q.channel1": ch1, "q.qint8_t": per_tensor["q.qint8"].t(), "q.table": table}
+
+
+def _quantized_same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    same = (a.dtype, a.shape, a.stride(), a.storage_offset(), a.qscheme()) == \
+           (b.dtype, b.shape, b.stride(), b.storage_offset(), b.qscheme()) and torch.equal(a.int_repr(), b.int_repr())
+    if a.qscheme() == torch.per_tensor_affine:
+        return same and (a.q_scale(), a.q_zero_point()) == (b.q_scale(), b.q_zero_point())
+    return same and a.q_per_channel_axis() == b.q_per_channel_axis() and \
+        torch.equal(a.q_per_channel_scales(), b.q_per_channel_scales()) and \
+        torch.equal(a.q_per_channel_zero_points(), b.q_per_channel_zero_points())
+
+
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("quantized")
+    gen = torch.Generator().manual_seed(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch 2.13 deprecates creating quantized tensors; it still saves them
+        model = {"embed_tokens.weight": torch.randn(100, 8, generator=gen), **_quantized_model(gen)}
+    src = folder / "ckpt.pt"
+    torch.save({"model": model, "step": 7}, src)
+    out = folder / "fixed.pt"
+    ckptfix.repair(str(src), str(word_level_tokenizer(folder / "tok.json", 104)), str(out))
+    return src, out
+
+
+@pytest.mark.parametrize("how", LOAD_PATHS[:2], ids=["weights_only", "mmap"])
+def test_quantized_tensors_round_trip_bit_identical(quantized, how):
+    src, out = quantized
+    before = torch.load(src, weights_only=True)["model"]
+    after = torch.load(out, **how)["model"]
+    assert after["embed_tokens.weight"].shape == (104, 8)
+    for name, t in before.items():
+        if t.is_quantized:
+            assert _quantized_same(after[name], t), name
+    views = {after[n].untyped_storage().data_ptr() for n in ("q.qint8", "q.qint8_t")}
+    assert len(views) == 1  # a transposed view still shares its storage
+
+
+def test_quantized_tensors_under_meta_fail_as_torch_saves_do(quantized):
+    """torch itself cannot build a quantized tensor on the meta device: its own file fails the same way."""
+    src, out = quantized
+    for path in (src, out):
+        with pytest.raises(NotImplementedError, match="_empty_affine_quantized"):
+            torch.load(path, weights_only=True, map_location="meta")
+
+
+def test_quantized_record_layout_is_torch_saves(quantized, tmp_path):
+    _assert_torch_save_layout(quantized[1], tmp_path)
+
+
+def test_quantized_vocab_tensor_is_refused_and_inspect_says_so(tmp_path):
+    import torch.ao.nn.quantized as nnq
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sd = nnq.Embedding(100, 8).state_dict()
+    src = tmp_path / "ckpt.pt"
+    torch.save({"model": {"embed.weight": torch.randn(100, 8), "head._packed_weight": sd["_packed_params._packed_weight"]}}, src)
+    tok = word_level_tokenizer(tmp_path / "tok.json", 104)
+    fixes = [f.fix for f in inspect(str(src), tokenizer=str(tok)).findings if f.code == "CKF101"]
+    assert fixes and all("ckptfix repair cannot fix this: head._packed_weight is a quantized" in f for f in fixes)
+    with pytest.raises(ckptfix.CkptfixError, match="does not resize quantized tensors") as err:
+        ckptfix.repair(str(src), str(tok), str(tmp_path / "out.pt"))
+    assert "\n" not in str(err.value) and not (tmp_path / "out.pt").exists()
+
+
+def test_packed_quantized_tensors_are_refused_in_one_line(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        packed = torch.quantize_per_tensor(torch.randn(4, 4), 0.1, 0, torch.quint4x2)
+    src = tmp_path / "ckpt.pt"
+    torch.save({"model": {"embed.weight": torch.randn(100, 8), "w": packed}}, src)
+    with pytest.raises(ckptfix.CkptfixError, match="quint4x2 tensor .quantized values packed") as err:
+        inspect(str(src))
+    assert "\n" not in str(err.value)
 
 
 def _llama(vocab: int, tied: bool = False):

@@ -50,7 +50,13 @@ class Context:
 
     def repair_command(self, *extra: str) -> str:
         """The `ckptfix repair` line that fixes this checkpoint, with a sensible output path, quoted for a
-        POSIX shell (a path with a space or a quote pastes as one argument)."""
+        POSIX shell (a path with a space or a quote pastes as one argument). Where repair would refuse the
+        checkpoint, the reason instead: inspect never prints a command that then fails."""
+        from ckptfix.vocab import repair_blocker
+
+        blocked = repair_blocker(self.ckpt, self.vocab)
+        if blocked:
+            return f"ckptfix repair cannot fix this: {blocked}."
         src = self.ckpt.path.rstrip("/") or self.ckpt.path
         root, ext = os.path.splitext(src)
         out = f"{src}-fixed" if os.path.isdir(src) else f"{root}.fixed{ext}"

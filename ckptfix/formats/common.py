@@ -33,8 +33,13 @@ def iter_leaves(tree: Any) -> Iterator[Any]:
 
 
 def iter_tensor_refs(tree: Any) -> Iterator[TensorRef]:
-    """Every TensorRef in a tree."""
-    return (node for node in iter_leaves(tree) if isinstance(node, TensorRef))
+    """Every TensorRef in a tree, with the per-channel scales and zero points of quantized ones (they have
+    storage records of their own)."""
+    for node in iter_leaves(tree):
+        if isinstance(node, TensorRef):
+            yield node
+            if node.quantizer:
+                yield from (p for p in node.quantizer if isinstance(p, TensorRef))
 
 
 def is_state_dict(value: Any) -> bool:

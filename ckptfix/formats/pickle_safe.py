@@ -23,7 +23,13 @@ import pickletools
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfix.dtypes import DTYPE_SIZES, STORAGE_DTYPES, TORCH_ALIASES, contiguous_stride  # noqa: F401 (re-exported)
+from ckptfix.dtypes import (  # noqa: F401 (re-exported)
+    DTYPE_SIZES,
+    QUANTIZED_DTYPES,
+    STORAGE_DTYPES,
+    TORCH_ALIASES,
+    contiguous_stride,
+)
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 
 _DTYPE_ALIASES = TORCH_ALIASES
@@ -68,6 +74,16 @@ class TorchDtype(_Record):
 
 
 @dataclass(frozen=True)
+class TorchQScheme(_Record):
+    """A quantization scheme (`torch.per_tensor_affine`, `torch.per_channel_affine`, ...), by name."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return f"torch.{self.name}"
+
+
+@dataclass(frozen=True)
 class TorchDevice(_Record):
     spec: str
 
@@ -100,6 +116,9 @@ class TensorRef(_Record):
     dtype: str
     requires_grad: bool = False
     is_parameter: bool = False
+    # a quantized tensor's parameters as `_rebuild_qtensor` received them, kept verbatim to be written
+    # back: (per_tensor_affine, scale, zero_point) or (per_channel_affine, scales, zero_points, axis)
+    quantizer: tuple | None = None
 
     @property
     def numel(self) -> int:
@@ -219,6 +238,35 @@ def _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtyp
     return tensor
 
 
+_PER_TENSOR = "per_tensor_affine"
+_PER_CHANNEL = ("per_channel_affine", "per_channel_affine_float_qparams")
+
+
+def _rebuild_qtensor(storage, offset, size, stride, quantizer_params, requires_grad=False, hooks=None):
+    """A quantized tensor (what `Tensor._reduce_ex_internal` writes for `is_quantized`): its integer
+    representation is the storage; the parameters are checked as data and kept for the writer."""
+    if not isinstance(storage, StorageRef) or storage.dtype not in QUANTIZED_DTYPES:
+        raise pickle.UnpicklingError("quantized tensor without a quantized storage")
+    tensor = _rebuild_tensor(storage, offset, size, stride, requires_grad)
+    size = tensor.shape
+    params = tuple(quantizer_params) if isinstance(quantizer_params, (tuple, list)) else ()
+    scheme = params[0].name if params and isinstance(params[0], TorchQScheme) else None
+    if scheme == _PER_TENSOR and len(params) == 3:
+        ok = isinstance(params[1], (int, float)) and isinstance(params[2], int)
+    elif scheme in _PER_CHANNEL and len(params) == 4:
+        axis = params[3]
+        ok = (isinstance(axis, int) and 0 <= axis < len(size) and all(
+            isinstance(p, TensorRef) and p.quantizer is None and p.shape == (size[axis],)
+            or isinstance(p, list) and len(p) == size[axis] and all(isinstance(x, (int, float)) for x in p)
+            for p in params[1:3]))
+    else:
+        ok = False
+    if not ok:
+        raise pickle.UnpicklingError("quantized tensor with parameters torch does not write")
+    tensor.quantizer = params
+    return tensor
+
+
 def _rebuild_parameter(data, requires_grad=True, hooks=None, state=None):
     # Only ever a tensor: passing any other object through would hide it from `_prescan`.
     if not isinstance(data, TensorRef):
@@ -309,6 +357,7 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         ("torch._utils", "_rebuild_tensor_v2"): _Function(_rebuild_tensor),
         ("torch._utils", "_rebuild_tensor_v3"): _Function(_rebuild_tensor_v3),
         ("torch._utils", "_rebuild_parameter"): _Function(_rebuild_parameter),
+        ("torch._utils", "_rebuild_qtensor"): _Function(_rebuild_qtensor),
         ("torch._utils", "_rebuild_parameter_with_state"): _Function(_rebuild_parameter),
         ("torch._tensor", "_rebuild_from_type_v2"): _Function(_rebuild_from_type),
         ("torch", "Tensor"): object,  # only ever an argument of _rebuild_from_type_v2
@@ -323,16 +372,23 @@ def _allowlist() -> dict[tuple[str, str], Any]:
     table[("torch.storage", "UntypedStorage")] = _StorageType("UntypedStorage")
     for name in list(DTYPE_SIZES) + list(_DTYPE_ALIASES):
         table[("torch", name)] = TorchDtype(_DTYPE_ALIASES.get(name, name))
+    for name in (_PER_TENSOR, *_PER_CHANNEL):
+        table[("torch", name)] = TorchQScheme(name)
     return table
 
 
 ALLOWED_GLOBALS = _allowlist()
 
 
+# Sub-byte quantized storages: a tensor's storage holds fewer bytes than its elements, which no
+# ckptfix reader (nor torch.load(mmap=True)'s record offsets) accounts for.
+_PACKED_QUANTIZED = ("torch.QUInt4x2Storage", "torch.QUInt2x4Storage")
+
+
 class _SafeUnpickler(pickle.Unpickler):
-    def __init__(self, data: bytes, opaque: bool):
+    def __init__(self, data: bytes, opaque: bool, origin: str = "checkpoint"):
         super().__init__(io.BytesIO(data))
-        self.opaque = opaque
+        self.opaque, self.origin = opaque, origin
         self.refused: list[str] = []
         self.made: list[OpaqueObject] = []  # every use of a global outside the allowlist
         self.budget = _HashBudget(data)
@@ -364,6 +420,12 @@ class _SafeUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"unsupported persistent id (a {type(pid).__name__})")
         storage_type, key, location, numel = pid[1], pid[2], pid[3], pid[4]
         if not isinstance(storage_type, _StorageType):
+            name = global_name(storage_type)
+            if name in _PACKED_QUANTIZED:
+                raise UnreadableCheckpoint(
+                    f"{self.origin}: holds a {name.split('.')[-1][:-7].lower()} tensor (quantized values packed "
+                    "several to a byte); ckptfix reads quantized tensors of one value per element only "
+                    "(qint8, quint8, qint32)")
             raise pickle.UnpicklingError("storage of an unknown type")
         if not isinstance(key, str) or not isinstance(location, str):
             raise pickle.UnpicklingError("storage whose key or location is not a string")
@@ -664,7 +726,7 @@ def load_pickle(data: bytes, origin: str, *, opaque: bool = False) -> Any:
     if len(data) > MAX_PICKLE_BYTES:
         raise UnreadableCheckpoint(f"{origin}: pickle of {len(data)} bytes is implausibly large")
     _prescan(data, origin)
-    unpickler = _SafeUnpickler(data, opaque)
+    unpickler = _SafeUnpickler(data, opaque, origin)
     try:
         tree = unpickler.load()
         _check_tree(tree, origin)

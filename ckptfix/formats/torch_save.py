@@ -118,6 +118,11 @@ class _Pickler(pickle._Pickler):
         if isinstance(obj, (TensorRef, _Plain)):
             t = obj.ref if isinstance(obj, _Plain) else obj
             storage = _StorageAs(t.storage, t.dtype)
+            if t.quantizer is not None:  # the parameters as torch wrote them: the scheme by name, the rest as read
+                params = (_global("torch", t.quantizer[0].name), *t.quantizer[1:])
+                return _global("torch._utils", "_rebuild_qtensor"), (
+                    storage, t.offset, tuple(t.shape), tuple(t.stride), params, t.requires_grad,
+                    collections.OrderedDict())
             args: tuple[Any, ...] = (storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict())
             if t.dtype in _STORAGE_CLASS:
                 return _global("torch._utils", "_rebuild_tensor_v2"), args

@@ -25,6 +25,7 @@ from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import recorded_rows
 from ckptfix.surgery.pieces import piece_rows
 from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_rows_for, plan_by_id, plan_by_token
+from ckptfix.vocab import repair_blocker
 
 POLICIES = REPAIR_POLICIES
 INITS = ("pieces", "mean", "zeros", "normal")
@@ -168,6 +169,9 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     if not vocab:
         raise RepairError(f"{ckpt.path}: no embedding or LM-head tensor found to resize "
                           "(names like embed_tokens/wte/lm_head, or 2-D tensors with the vocab's row count)")
+    blocked = repair_blocker(ckpt, vocab)
+    if blocked:
+        raise RepairError(f"{ckpt.path}: {blocked}")
     for v in vocab:  # resizing copies every row: an expand()ed view would be materialised, row by row
         views = [ckpt.model[v.name], *v.moments.values()]
         if any(t.repeats_storage() for t in views):
