@@ -144,6 +144,18 @@ def _rwkv(path: Path) -> int:
     return max(tokenizer.idx2token) + 1  # ids 1..65529; id 0 is the end of text: 65530 rows needed
 
 
+def _wordpiece(path: Path) -> int:
+    """transformers' BertTokenizer and tokenizers' BertWordPieceTokenizer from the vocab.txt (transformers 5
+    takes the file as `vocab=`; its `vocab_file=` keyword is ignored and leaves the 5 named specials alone)."""
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertTokenizer
+
+    tokenizer = BertTokenizer(vocab=str(path))
+    assert tokenizer.convert_tokens_to_ids(["[CLS]", "[SEP]", "[MASK]"]) == [101, 102, 103]  # the file was read
+    assert BertWordPieceTokenizer(str(path)).get_vocab_size() == len(tokenizer)
+    return len(tokenizer)
+
+
 def library_size(entry: corpus.Entry, path: Path) -> int:
     kind = entry.format
     if kind == "sentencepiece":
@@ -180,6 +192,8 @@ def library_size(entry: corpus.Entry, path: Path) -> int:
         return _clip(path)
     if kind == "rwkv":
         return _rwkv(path)
+    if kind == "wordpiece":
+        return _wordpiece(path)
     raise AssertionError(f"no library check for {kind}")
 
 
@@ -210,6 +224,9 @@ def _real_model(entry: corpus.Entry) -> torch.nn.Module:
                                   decoder_ffn_dim=16, num_mel_bins=8, max_source_positions=4, max_target_positions=8,
                                   bos_token_id=None, eos_token_id=None, pad_token_id=None)
         return tf.WhisperForConditionalGeneration(config)
+    if name.startswith("bert"):  # the MLM head's bias (cls.predictions.bias) has a row per token too
+        return tf.BertForMaskedLM(tf.BertConfig(vocab_size=rows, hidden_size=8, intermediate_size=16,
+                                                num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=8))
     if name == "GPT-2":
         return tf.GPT2LMHeadModel(tf.GPT2Config(vocab_size=rows, n_embd=8, n_layer=1, n_head=2, n_positions=8))
     if name.startswith("CLIP"):
@@ -306,3 +323,88 @@ def test_rows_recorded_outside_a_config_json(tmp_path):
     report = inspect(path, tokenizer)
     assert report.exit_code == 0 and [f.code for f in report.findings] == ["CKF105"]
     assert "the checkpoint records them as its vocab size" in report.findings[0].message
+
+
+def test_bert_mlm_head_biases_are_vocab_rows(tmp_path):
+    """BertForMaskedLM keeps a row per token in three tensors plus the MLM head's bias (cls.predictions.bias,
+    tied to decoder.bias): all are read as vocab rows, so one row short of the vocab.txt is an error."""
+    entry = next(e for e in corpus.ENTRIES if e.name == "bert-chinese-vocab")
+    tokenizer = _cached(entry)
+    short = corpus.Entry(entry.name, entry.package, entry.members, entry.format, entry.size, entry.model,
+                         entry.size - 1)
+    report = inspect(_save(_real_model(short), short, tmp_path), tokenizer)
+    roles = {v.name: v.role for v in report.vocab}
+    assert roles["cls.predictions.bias"] == roles["cls.predictions.decoder.bias"] == "head-bias"
+    assert [f.code for f in report.findings] == ["CKF101"] and report.exit_code == 1
+
+
+# ------------------------------------------------------------------- Whisper's Hugging Face tokenizer folders
+
+
+def _whisper_folder(tiktoken_file: Path, out: Path) -> Path:
+    """A Whisper tokenizer folder made by transformers' own code from OpenAI's tiktoken file, as transformers'
+    models/whisper/convert_openai_to_hf.py convert_tiktoken_to_hf does (that script is not in the wheel):
+    TikTokenConverter's vocab and merges, WhisperTokenizer, then <|endoftext|>, <|startoftranscript|>, 99
+    language and 6 task tokens as special tokens and the 1501 timestamps as plain added tokens."""
+    pytest.importorskip("tiktoken")
+    from transformers import WhisperTokenizer
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+    vocab, merges = TikTokenConverter(vocab_file=str(tiktoken_file)).extract_vocab_merges_from_model(str(tiktoken_file))
+    tokenizer = WhisperTokenizer(vocab=vocab, merges=merges)
+    tasks = ["<|translate|>", "<|transcribe|>", "<|startoflm|>", "<|startofprev|>", "<|nospeech|>", "<|notimestamps|>"]
+    languages = [f"<|{code}|>" for code in list(LANGUAGES)[:99]]
+    tokenizer.add_tokens(["<|endoftext|>", "<|startoftranscript|>"] + languages + tasks, special_tokens=True)
+    tokenizer.add_tokens([f"<|{i * 0.02:.2f}|>" for i in range(1501)], special_tokens=False)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def whisper_folders(tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """name -> (tiktoken file, Hugging Face folder made from it)."""
+    out = {}
+    for name in ("whisper-multilingual", "whisper-gpt2"):
+        entry = next(e for e in corpus.ENTRIES if e.name == name)
+        path = _cached(entry)
+        out[name] = (path, _whisper_folder(path, tmp_path_factory.mktemp(name)))
+    return out
+
+
+@pytest.mark.parametrize("name, size, endoftext", [("whisper-multilingual", 51865, 50257), ("whisper-gpt2", 51864, 50256)])
+def test_whisper_hf_folder_is_read_with_its_len(whisper_folders, name, size, endoftext):
+    from transformers import WhisperTokenizer
+
+    _, folder = whisper_folders[name]
+    tokenizer = WhisperTokenizer.from_pretrained(folder)
+    assert len(tokenizer) == size and tokenizer.convert_tokens_to_ids("<|endoftext|>") == endoftext
+    info = load_tokenizer(folder)
+    assert (info.kind, info.size, info.base_size) == ("hf-folder", size, endoftext)  # the BPE ranks, then specials
+    assert info.id_to_token()[endoftext] == "<|endoftext|>"
+
+
+# Whisper checkpoints as transformers saves them, with the special ids their configs carry: the Hub's tiny
+# (multilingual: endoftext 50257), models converted by convert_openai_to_hf.py (endoftext_id = 50256 unless
+# n_vocab > 51865: multilingual.tiktoken's empty-bytes rank), large-v3 (51866 rows, pad 50256), tiny.en.
+WHISPER_SHAPES = [
+    ("whisper-multilingual", 51865, (50257, 50257, 50257), []),
+    ("whisper-multilingual", 51865, (50256, 50256, 50256), []),
+    ("whisper-multilingual", 51866, (50257, 50257, 50256), ["CKF105"]),
+    ("whisper-gpt2", 51864, (50256, 50256, 50256), []),
+]
+
+
+@pytest.mark.parametrize("name, rows, ids, codes", WHISPER_SHAPES)
+def test_whisper_checkpoints_inspect_clean_against_folder_and_tiktoken(whisper_folders, tmp_path, name, rows, ids, codes):
+    import transformers as tf
+
+    bos, eos, pad = ids
+    config = tf.WhisperConfig(vocab_size=rows, d_model=8, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                              decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, num_mel_bins=8,
+                              max_source_positions=4, max_target_positions=8, bos_token_id=bos, eos_token_id=eos,
+                              pad_token_id=pad, decoder_start_token_id=eos + 1)
+    tf.WhisperForConditionalGeneration(config).save_pretrained(tmp_path)
+    for tokenizer in whisper_folders[name]:
+        report = inspect(tmp_path, tokenizer)
+        assert sorted(f.code for f in report.findings) == codes and report.exit_code == 0, (tokenizer, report.findings)
