@@ -19,10 +19,18 @@ tokenizer folder. Each format has its own mutators that know its structure:
 
 `run(fmt, n, seed)` runs n inputs through `ckptfix.cli.main` (inspect with random flags; repair and diff
 for some) and returns (count, failures). A failure is an exit code outside 0/1/2, a traceback or an
-internal error line, an input over `TIME_LIMIT` s, a peak over `MEM_LIMIT` bytes (tracemalloc for Python
-allocations, VmHWM for the whole process after resetting it), a changed input or a stray file.
+internal error line, an input over `TIME_LIMIT` s, a peak over `MEM_LIMIT` bytes, a changed input or a
+stray file.
 
-    nice -n 15 python tests/fuzz_structured.py FORMAT N [SEED] [--until HH:MM]   # the long run
+Memory is measured for every input as the whole process's peak resident size (VmHWM) above its resident
+size at the start of the run: before each run the allocator hands its free pages back (`malloc_trim(0)`)
+and the peak is reset (`/proc/self/clear_refs`), so a run cannot hide an allocation in pages an earlier
+input left resident. This sees everything (Python objects, numpy, maps that are read), at no cost per
+allocation. tracemalloc, which charges every allocation of the process (it roughly halved the fuzz rate),
+runs only on every `TRACE_EVERY`-th input, and on all of them where /proc lacks VmHWM: a cross-check of
+the Python heap that does not depend on the allocator giving pages back.
+
+    nice -n 15 python tests/fuzz_structured.py FORMAT|all N [SEED] [--until HH:MM]   # the long run (UTC)
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import os
 import pickle
 import pickletools
 import random
+import re
 import shutil
 import signal
 import struct
@@ -55,6 +64,7 @@ sys.path.insert(0, str(HERE.parent))
 
 TIME_LIMIT = 5.0
 MEM_LIMIT = 300 << 20
+TRACE_EVERY = 16  # inputs between two measured with tracemalloc too (see the module docstring)
 FORMATS = ("pickle", "tree", "zip", "safetensors", "dcp", "deepspeed", "hf", "sentencepiece",
            "tokenizer_json", "tokenizer_folder")
 
@@ -240,22 +250,31 @@ def _zip_members(data: bytes) -> list[tuple[str, bytes]]:
         return [(i.filename, zf.read(i)) for i in zf.infolist()]
 
 
-def _with_pkl(data: bytes, pkl: bytes) -> bytes:
+def _with_pkl(data: bytes | list[tuple[str, bytes]], pkl: bytes) -> bytes:
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
-        for name, body in _zip_members(data):
+        for name, body in _zip_members(data) if isinstance(data, bytes) else data:
             zf.writestr(name, pkl if name.endswith("/data.pkl") else body)
     return out.getvalue()
 
 
-def mutate_pickle_ops(pkl: bytes, rng: random.Random) -> bytes:
-    """Opcode-level: parse the stream, then edit ops (never just bytes: each edit is a whole op)."""
+def parse_pickle_ops(pkl: bytes) -> tuple[list, list[bytes]] | None:
+    """The opcodes of a pickle and the bytes of each (None when it does not parse)."""
     try:
         ops = [(op, arg, pos) for op, arg, pos in pickletools.genops(pkl)]
     except Exception:
-        return pkl
+        return None
     bounds = [pos for _, _, pos in ops] + [len(pkl)]
-    spans = [pkl[bounds[i]:bounds[i + 1]] for i in range(len(ops))]
+    return ops, [pkl[bounds[i]:bounds[i + 1]] for i in range(len(ops))]
+
+
+def mutate_pickle_ops(pkl: bytes, rng: random.Random, parsed: tuple[list, list[bytes]] | None = None) -> bytes:
+    """Opcode-level: parse the stream, then edit ops (never just bytes: each edit is a whole op).
+    `parsed` is `parse_pickle_ops(pkl)` when the caller keeps it (a seed is parsed once, not per input)."""
+    parsed = parsed or parse_pickle_ops(pkl)
+    if parsed is None:
+        return pkl
+    ops, spans = parsed[0], list(parsed[1])
     for _ in range(rng.randint(1, 4)):
         i = rng.randrange(max(1, len(spans) - 1))
         op = ops[min(i, len(ops) - 1)][0]
@@ -295,11 +314,13 @@ def _int_op(val: int) -> bytes:
 
 
 def gen_pickle(ctx: Ctx) -> list[list[str]]:
-    data = ctx.seeds["pth"].read_bytes()
-    pkl = dict(_zip_members(data))[next(n for n, _ in _zip_members(data) if n.endswith("/data.pkl"))]
+    if "members" not in ctx.cache:  # the seed's zip members and its data.pkl's opcodes, parsed once
+        members = _zip_members(ctx.seeds["pth"].read_bytes())
+        pkl = next(body for name, body in members if name.endswith("/data.pkl"))
+        ctx.cache.update(members=members, pkl=pkl, parsed=parse_pickle_ops(pkl))
     out = ctx.work / "in.pth"
-    mutated = mutate_pickle_ops(pkl, ctx.rng)
-    out.write_bytes(_with_pkl(data, mutated) if ctx.rng.random() < 0.7 else mutated)
+    mutated = mutate_pickle_ops(ctx.cache["pkl"], ctx.rng, ctx.cache["parsed"])
+    out.write_bytes(_with_pkl(ctx.cache["members"], mutated) if ctx.rng.random() < 0.7 else mutated)
     return ctx.commands(out)
 
 
@@ -326,13 +347,15 @@ def _copy_tree(tree: Any) -> Any:
     return tree
 
 
+_ZIP_HEADS = re.compile(b"PK(?=\x03\x04|\x01\x02|\x05\x06|\x06\x06|\x06\x07)")
+
+
 def gen_zip(ctx: Ctx) -> list[list[str]]:
     data = bytearray(ctx.seeds["pth"].read_bytes())
     rng = ctx.rng
     for _ in range(rng.randint(1, 3)):
         kind = rng.random()
-        heads = [i for i in range(len(data) - 4) if data[i:i + 4] in (b"PK\x03\x04", b"PK\x01\x02", b"PK\x05\x06",
-                                                                    b"PK\x06\x06", b"PK\x06\x07")]
+        heads = [m.start() for m in _ZIP_HEADS.finditer(data)]
         if not heads:
             break
         at = rng.choice(heads)
@@ -740,8 +763,26 @@ def _vm_hwm() -> int:
 
 
 def _reset_hwm() -> None:
+    _malloc_trim()
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+def _malloc_trim() -> None:
+    """Give the C heap's free pages back (glibc), so the next peak starts from what is really in use."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+
+        try:
+            _LIBC = ctypes.CDLL(None).malloc_trim
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC(0)
+
+
+_LIBC: Any = None
 
 
 def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
@@ -753,8 +794,10 @@ def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
     listing = sorted(os.listdir(work))
     out, err = io.StringIO(), io.StringIO()
     code: Any = None
-    tracemalloc.reset_peak()
-    py_base = tracemalloc.get_traced_memory()[0]
+    tracing = tracemalloc.is_tracing()
+    if tracing:
+        tracemalloc.reset_peak()
+    py_base = tracemalloc.get_traced_memory()[0] if tracing else 0
     _reset_hwm()
     base_rss = _vm_hwm()
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -774,7 +817,7 @@ def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
         signal.setitimer(signal.ITIMER_REAL, 0)
     seconds = time.perf_counter() - t
     release_maps()
-    peak_py = tracemalloc.get_traced_memory()[1] - py_base
+    peak_py = tracemalloc.get_traced_memory()[1] - py_base if tracing else 0
     peak_rss = max(0, _vm_hwm() - base_rss)
     after = _snapshot(watched)
     outputs = {"out", "out.pth", "out.safetensors", "out.ckptfix.json", "out.pth.ckptfix.json",
@@ -822,14 +865,7 @@ def run(fmt: str, n: int, seed: int, seeds: dict[str, Path], scratch: Path, *, u
     gen = GENERATORS[fmt]
     rng = random.Random(seed)
     failures: list[dict] = []
-    started = not tracemalloc.is_tracing()
-    if started:
-        tracemalloc.start()
-    try:
-        return _run(fmt, n, gen, rng, seeds, scratch, failures, until, log, seed)
-    finally:
-        if started:  # tracing slows every later allocation: never leave it on for the caller
-            tracemalloc.stop()
+    return _run(fmt, n, gen, rng, seeds, scratch, failures, until, log, seed)
 
 
 def _run(fmt: str, n: int, gen: Callable, rng: random.Random, seeds: dict[str, Path], scratch: Path,
@@ -854,9 +890,17 @@ def _run(fmt: str, n: int, gen: Callable, rng: random.Random, seeds: dict[str, P
         watched = [p for p in work.iterdir() if not p.name.startswith("out")] + [seeds[k] for k in
                                                                                  ("pth", "sentencepiece")]
         size = _size([p for p in work.iterdir() if not p.name.startswith("out")])
-        for argv in cmds:
+        trace = (i % TRACE_EVERY == 0 or not _vm_hwm()) and not tracemalloc.is_tracing()
+        if trace:
+            tracemalloc.start()
+        try:
+            results = [run_one(argv, watched, work) for argv in cmds]
+        finally:
+            if trace:  # tracing slows every later allocation: never leave it on
+                tracemalloc.stop()
+        for r in results:
             runs += 1
-            r = run_one(argv, watched, work)
+            _note_worst(fmt, r, size)
             found = problems(r, size)
             if found:
                 failure = {"format": fmt, "i": i, "seed": seed, "problems": found, **r}
@@ -870,6 +914,16 @@ def _run(fmt: str, n: int, gen: Callable, rng: random.Random, seeds: dict[str, P
 
 
 _CACHES: dict[str, dict] = {}
+#: Per format, the slowest run and the largest peak (RSS and Python heap) on inputs under 1 MB, with their argv.
+WORST: dict[str, dict[str, Any]] = {}
+
+
+def _note_worst(fmt: str, r: dict[str, Any], size: int) -> None:
+    worst = WORST.setdefault(fmt, {"seconds": 0.0, "peak_rss": 0, "peak_py": 0})
+    for key in ("seconds", "peak_rss", "peak_py"):
+        if (key == "seconds" or size < (1 << 20)) and r[key] > worst[key]:
+            worst[key] = r[key]
+            worst[key + "_argv"] = r["argv"]
 
 
 def _skip_special(folder: str, names: list[str]) -> list[str]:
@@ -890,6 +944,7 @@ def _rmtree(path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """FORMAT (or `all`: every format in turn, 200 inputs each) N [SEED] [--until HH:MM UTC]."""
     fmt, n = argv[0], int(argv[1])
     seed = int(argv[2]) if len(argv) > 2 and not argv[2].startswith("--") else 0
     until = None
@@ -898,32 +953,48 @@ def main(argv: list[str]) -> int:
         now = time.gmtime()
         until = time.mktime(time.struct_time((now.tm_year, now.tm_mon, now.tm_mday, int(hh), int(mm), 0, 0, 0, 0))) \
             - time.timezone
+    formats = list(FORMATS) if fmt == "all" else [fmt]
     scratch = Path(os.environ.get("FUZZ_DIR") or tempfile.mkdtemp(prefix="ckptfix-fuzz-"))
-    seed_dir = scratch / "seeds"
-    seeds = make_seeds(seed_dir, deepspeed=fmt == "deepspeed") if not (seed_dir / "seeds.json").exists() else \
-        {k: Path(v) for k, v in json.loads((seed_dir / "seeds.json").read_text()).items()}
-    if fmt == "deepspeed" and "deepspeed" not in seeds:
+    seeds = _load_seeds(scratch / "seeds", deepspeed="deepspeed" in formats)
+    logs = {f: open(scratch / f"failures-{f}.jsonl", "a") for f in formats}
+    t0 = time.time()
+    totals = {f: {"inputs": 0, "runs": 0, "failures": 0, "cpu_s": 0.0, "done": 0} for f in formats}
+    chunk = 200
+    while any(t["done"] < n for t in totals.values()) and (until is None or time.time() < until):
+        for f in formats:
+            t = totals[f]
+            if t["done"] >= n or (until is not None and time.time() >= until):
+                continue
+            c0 = time.process_time()
+            inputs, runs, failures = run(f, min(chunk, n - t["done"]), seed + t["done"], seeds, scratch, until=until,
+                                         log=lambda x, f=f: (logs[f].write(json.dumps(x, default=str) + "\n"),
+                                                             logs[f].flush()))
+            t["done"] += chunk
+            t["inputs"] += inputs
+            t["runs"] += runs
+            t["failures"] += sum(1 for x in failures if "problems" in x)
+            t["cpu_s"] += time.process_time() - c0
+            w = WORST.get(f, {})
+            print(json.dumps({"format": f, "seed": seed, "inputs": t["inputs"], "runs": t["runs"],
+                              "failures": t["failures"], "cpu_s": round(t["cpu_s"], 1),
+                              "per_cpu_s": round(t["inputs"] / max(t["cpu_s"], 1e-9), 1),
+                              "elapsed_s": round(time.time() - t0, 1), "worst_s": round(w.get("seconds", 0), 2),
+                              "worst_rss_mb": w.get("peak_rss", 0) >> 20, "worst_py_mb": w.get("peak_py", 0) >> 20}),
+                  flush=True)
+    return 1 if any(t["failures"] for t in totals.values()) else 0
+
+
+def _load_seeds(seed_dir: Path, deepspeed: bool) -> dict[str, Path]:
+    """The seed files, made once per scratch folder (DeepSpeed's only when a format needs it)."""
+    listed = seed_dir / "seeds.json"
+    seeds = {k: Path(v) for k, v in json.loads(listed.read_text()).items()} if listed.exists() else \
+        make_seeds(seed_dir, deepspeed=deepspeed)
+    if deepspeed and "deepspeed" not in seeds:
         ds = _deepspeed_seed(seed_dir / "ds")
         if ds is not None:
             seeds["deepspeed"] = ds
-    (seed_dir / "seeds.json").write_text(json.dumps({k: str(v) for k, v in seeds.items()}))
-    logf = open(scratch / f"failures-{fmt}.jsonl", "a")
-    t0 = time.time()
-    total_inputs = total_runs = fails = 0
-    worst = 0.0
-    chunk = 200
-    done = 0
-    while done < n and (until is None or time.time() < until):
-        inputs, runs, failures = run(fmt, min(chunk, n - done), seed + done, seeds, scratch, until=until,
-                                     log=lambda f: (logf.write(json.dumps(f, default=str) + "\n"), logf.flush()))
-        done += chunk
-        total_inputs += inputs
-        total_runs += runs
-        fails += sum(1 for f in failures if "problems" in f)
-        print(json.dumps({"format": fmt, "inputs": total_inputs, "runs": total_runs, "failures": fails,
-                          "elapsed_s": round(time.time() - t0, 1)}), flush=True)
-    del worst
-    return 1 if fails else 0
+    listed.write_text(json.dumps({k: str(v) for k, v in seeds.items()}))
+    return seeds
 
 
 if __name__ == "__main__":

@@ -6,9 +6,8 @@ Reading parses the zip central directory and the pickle only: tensor records are
 
 from __future__ import annotations
 
-import io
+import mmap
 import os
-import pickletools
 import struct
 import zipfile
 import zlib
@@ -18,7 +17,7 @@ from typing import Any
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import load_pickle
+from ckptfix.formats.pickle_safe import MAX_PICKLE_BYTES, load_pickle, pickle_end
 
 try:
     from lzma import LZMAError as _LZMAError
@@ -166,9 +165,16 @@ def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, Torch
 
 
 def _load_legacy(path: str, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
-    """The pre-1.6 stream: magic, protocol, sys info, the object, storage keys, then raw storages."""
-    with open(path, "rb") as f:
-        data = f.read()
+    """The pre-1.6 stream: magic, protocol, sys info, the object, storage keys, then raw storages.
+
+    The file is mapped, never read whole: only the pickles at its head are copied out (each bounded by
+    MAX_PICKLE_BYTES), and each storage costs an 8-byte pread of its size; its bytes stay in the file.
+    A plain map, not `file_map`'s: finding a pickle's end indexes it byte by byte, in C."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return _read_legacy_stream(path, data, f.fileno(), opaque)
+
+
+def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
     try:
         stream = _PickleStream(data)
         # opaque too: with --trust-pickle an arbitrary pickle is then "not a torch.save file", not "refused"
@@ -183,7 +189,7 @@ def _load_legacy(path: str, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
         storages = {ref.storage.key: ref.storage for ref in common.iter_tensor_refs(tree)}
         ranges, pos = {}, stream.pos
         for key in keys:
-            (numel,) = struct.unpack_from("<q", data, pos)
+            (numel,) = struct.unpack("<q", os.pread(fd, 8, pos))
             if numel < 0:
                 raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint (storage {key} has a negative size)")
             storage = storages.get(key)
@@ -198,25 +204,17 @@ def _load_legacy(path: str, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
 
 
 class _PickleStream:
-    def __init__(self, data: bytes):
+    """Pickles back to back in a mapped file: each is found by its opcode lengths, then unpickled safely."""
+
+    def __init__(self, data: Any):
         self.data, self.pos = data, 0
 
     def next(self, origin: str, opaque: bool = False) -> Any:
-        buf = io.BytesIO(self.data)
-        buf.seek(self.pos)
-        # Find where this pickle ends without building it, then unpickle just that slice safely.
-        try:
-            end: int = self.pos
-            for op, _, at in pickletools.genops(buf):
-                if op.name == "STOP":
-                    end = at + 1  # type: ignore[operator]  # BytesIO always has a position
-                    break
-        except Exception:
-            raise UnreadableCheckpoint(f"{origin}: corrupt pickle stream") from None
+        end = pickle_end(self.data, self.pos, origin)
+        if end - self.pos > MAX_PICKLE_BYTES:
+            raise UnreadableCheckpoint(f"{origin}: pickle of {end - self.pos} bytes is implausibly large")
         chunk = self.data[self.pos:end]
         self.pos = end
-        if not chunk:
-            raise UnreadableCheckpoint(f"{origin}: pickle stream ended early (truncated?)")
         return load_pickle(chunk, origin, opaque=opaque)
 
 
