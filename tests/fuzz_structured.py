@@ -40,7 +40,6 @@ import copy
 import hashlib
 import io
 import json
-import math
 import os
 import pickle
 import pickletools
@@ -74,9 +73,8 @@ FORMATS = ("pickle", "tree", "zip", "safetensors", "dcp", "deepspeed", "hf", "se
 def make_seeds(root: Path, deepspeed: bool = True) -> dict[str, Path]:
     """Real files from the test factories (a few seconds; DeepSpeed in a subprocess when available)."""
     import torch
-    from safetensors.torch import save_file
-
     from ckpt_factory import new_run, save_checkpoint, train
+    from safetensors.torch import save_file
     from tokenizer_factory import make_hf_tokenizer_folder, train_sentencepiece, train_tokenizer_json
 
     root.mkdir(parents=True, exist_ok=True)
