@@ -76,7 +76,7 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
 @cli.command()
 @click.argument("checkpoint", type=click.Path())
 @click.option("--tokenizer", "-t", required=True, type=click.Path(), help="The tokenizer the run will use now.")
-@click.option("--out", "-o", type=click.Path(), help="Output path (same format as the input). Required unless --dry-run.")
+@click.option("--out", "-o", type=click.Path(), help="Output path (the input's format; a .safetensors input may be named .pth). Required unless --dry-run.")
 @click.option("--from-tokenizer", type=click.Path(),
               help="The tokenizer the checkpoint was trained with: rows move by token string. Default: the one its "
               "ckptfix record or its HF folder holds.")
@@ -234,35 +234,52 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point: every CkptfixError becomes one line on stderr and exit code 2, never a traceback."""
+    """Entry point: every CkptfixError becomes one line on stderr and exit code 2, never a traceback.
+    Under --json the same error is also printed on stdout as a JSON object (`_emit_error`)."""
+    args = sys.argv[1:] if argv is None else list(argv)
     previous = _install(signal.SIGTERM, _on_sigterm)
     try:
-        cli.main(args=argv, prog_name="ckptfix", standalone_mode=False)
+        cli.main(args=args, prog_name="ckptfix", standalone_mode=False)
     except _Terminated:
         click.echo("ckptfix: terminated", err=True)
         sys.exit(128 + signal.SIGTERM)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:  # usage errors
-        click.echo(f"ckptfix: error: {exc.format_message()}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(args, "usage", exc.format_message())
     except click.exceptions.Abort:
-        click.echo("ckptfix: aborted", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(args, "aborted", "aborted", prefix="ckptfix: aborted")
     except CkptfixError as exc:
-        click.echo(f"ckptfix: error: {_one_line(str(exc))}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+        _fail(args, "bad_input", _one_line(str(exc)))
     except BrokenPipeError:
         sys.exit(EXIT_CLEAN)
     except Exception as exc:  # a bug in ckptfix: still one line, but a distinct code so tests can tell
         if os.environ.get("CKPTFIX_DEBUG"):
             raise
-        click.echo(f"ckptfix: internal error: {type(exc).__name__}: {_one_line(str(exc))} "
-                   "(set CKPTFIX_DEBUG=1 for a traceback)", err=True)
-        sys.exit(EXIT_INTERNAL)
+        message = f"{type(exc).__name__}: {_one_line(str(exc))}"
+        _fail(args, "internal", message, code=EXIT_INTERNAL,
+              prefix=f"ckptfix: internal error: {message} (set CKPTFIX_DEBUG=1 for a traceback)")
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+ERROR_SCHEMA = "ckptfix.error/1"
+
+
+def _fail(args: list[str], kind: str, message: str, *, code: int = EXIT_BAD_INPUT, prefix: str | None = None) -> None:
+    """One line on stderr, then exit `code`. Under --json, stdout also gets
+    `{"schema": "ckptfix.error/1", "error": {"kind", "message", "exit_code"}}`, so a script that parses
+    stdout sees an object instead of nothing (kind: usage, bad_input, aborted or internal)."""
+    click.echo(prefix or f"ckptfix: error: {message}", err=True)
+    if _wants_json(args):
+        click.echo(json.dumps({"schema": ERROR_SCHEMA, "error": {"kind": kind, "message": message, "exit_code": code}}))
+    sys.exit(code)
+
+
+def _wants_json(args: list[str]) -> bool:
+    """Whether --json is among the options (not after `--`, where it would be a file name)."""
+    return "--json" in (args[:args.index("--")] if "--" in args else args)
 
 
 def _install(signum: int, handler: Any) -> Any:

@@ -822,7 +822,8 @@ def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
                "out.safetensors.ckptfix.json"}
     new = sorted(set(os.listdir(work)) - set(listing) - outputs)
     return {"argv": argv, "code": code, "seconds": seconds, "peak_py": peak_py, "peak_rss": peak_rss,
-            "stdout": out.getvalue()[-2000:], "stderr": err.getvalue()[-2000:],
+            # whole on exit 2: under --json it is one JSON error object, parsed by `problems`
+            "stdout": out.getvalue() if code == 2 else out.getvalue()[-2000:], "stderr": err.getvalue()[-2000:],
             "changed": sorted(k for k in before if before[k] != after.get(k)), "stray": new}
 
 
@@ -842,9 +843,21 @@ def problems(r: dict[str, Any], input_bytes: int) -> list[str]:
         found.append(f"stray files: {r['stray'][:3]}")
     if r["code"] == 2 and len(r["stderr"].strip().splitlines()) != 1:
         found.append("exit 2 without exactly one error line")
+    if r["code"] == 2 and not _error_stdout_ok(r):
+        found.append("exit 2 with stdout other than the --json error object")
     if any(c in r["stdout"] + r["stderr"] for c in "\x1b\x07\x9b"):
         found.append("raw terminal control characters")
     return found
+
+
+def _error_stdout_ok(r: dict[str, Any]) -> bool:
+    """Exit 2 prints nothing on stdout, except under --json: one JSON error object (issue 18)."""
+    if "--json" not in r["argv"]:
+        return not r["stdout"]
+    try:
+        return json.loads(r["stdout"])["error"]["exit_code"] == 2
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 def _size(paths: list[Path]) -> int:

@@ -103,3 +103,57 @@ def test_select_and_ignore_like_ruff(ckpt, tmp_path, capsys):
     assert "CKF101" not in {f["code"] for f in json.loads(out)["findings"]}
     code, out, _ = run_cli(["inspect", str(ckpt), "-t", str(tok), "--json", "--select", "CKF3"], capsys)
     assert all(f["code"].startswith("CKF3") for f in json.loads(out)["findings"])
+
+
+def test_json_error_object_under_json(capsys, monkeypatch, tmp_path):
+    """Issue 18: under --json an exit 2 or 3 also prints a JSON error object on stdout; the one stderr line
+    stays, and without --json stdout stays empty."""
+    missing = str(tmp_path / "nope.pth")
+    code, out, err = run_cli(["inspect", missing], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    code, out, err = run_cli(["inspect", missing, "--json"], capsys)
+    assert code == 2 and err.count("\n") == 1 and json.loads(out) == {
+        "schema": "ckptfix.error/1", "error": {"kind": "bad_input", "message": err.strip()[len("ckptfix: error: "):],
+                                               "exit_code": 2}}
+    code, out, _ = run_cli(["repair", missing, "--json"], capsys)  # no --tokenizer: a usage error
+    assert code == 2 and json.loads(out)["error"]["kind"] == "usage"
+    code, out, _ = run_cli(["inspect", "--", "--json"], capsys)  # a file named --json is not the option
+    assert code == 2 and out == ""
+
+    def bug(*args, **kwargs):
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(sys.modules["ckptfix.inspect"], "inspect", bug)
+    monkeypatch.delenv("CKPTFIX_DEBUG", raising=False)
+    code, out, err = run_cli(["inspect", missing, "--json"], capsys)
+    assert code == 3 and "internal error" in err and json.loads(out)["error"] == {
+        "kind": "internal", "message": "ZeroDivisionError: a bug", "exit_code": 3}
+
+
+def test_safetensors_input_named_pth_writes_a_torch_state_dict(tmp_path, capsys):
+    """Issue 18: `-o x.pth` from a .safetensors input writes what torch.save(state_dict) writes (it wrote
+    safetensors bytes under a .pth name before); unchanged tensors and kept rows are bit-identical."""
+    from safetensors.torch import save_file
+
+    run = train(new_run(64), 3)
+    state = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+    save_file(state, tmp_path / "model.safetensors")
+    tok = train_sentencepiece(tmp_path, 80, name="sp")
+    for name in ("model.pth", "model.bin"):
+        code, out, err = run_cli(["repair", str(tmp_path / "model.safetensors"), "-t", str(tok), "-o",
+                                  str(tmp_path / name)], capsys)
+        assert code == 0, err
+        loaded = torch.load(tmp_path / name, weights_only=True)
+        assert list(loaded) == sorted(state)  # safetensors keeps names sorted
+        for key, value in state.items():
+            if value.shape[0] == 64 and key in ("text_embedding.weight", "text_head.weight", "text_head.bias"):
+                assert loaded[key].shape[0] == 80 and torch.equal(loaded[key][:64], value), key
+            else:
+                assert torch.equal(loaded[key], value), key
+        assert json.loads((tmp_path / f"{name}.ckptfix.json").read_text())["schema"].startswith("ckptfix.repair")
+    grown = new_run(80).model
+    grown.load_state_dict(torch.load(tmp_path / "model.pth", weights_only=True))  # strict: every key, every shape
+    assert ckptfix.inspect(tmp_path / "model.pth", tok).exit_code == 0
+    with pytest.raises(RepairError, match=r"\.pth, \.pt or \.bin"):
+        ckptfix.repair(tmp_path / "model.safetensors", tok, tmp_path / "model.ckpt", dry_run=True)
+    assert not (tmp_path / "model.ckpt").exists()

@@ -57,7 +57,11 @@ def test_malicious_pickle_is_refused_without_running(tmp_path, payload, global_n
     ckpt = malicious_checkpoint(tmp_path / "ckpt.pth", payload(sentinel))
     proc = ckptfix_cli("inspect", ckpt, *(["--json"] if as_json else []), cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stdout == ""
+    if as_json:  # issue 18 asks for a JSON error object on stdout under --json; the stderr line stays
+        assert json.loads(proc.stdout)["error"] == {"kind": "bad_input", "message": proc.stderr.strip()[16:],
+                                                    "exit_code": 2}
+    else:
+        assert proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(f"ckptfix: error: {ckpt}: refusing to unpickle")

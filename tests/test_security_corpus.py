@@ -64,6 +64,16 @@ def _runs(cases, batch):
             yield case, mode, batch["results"][f"{case.name}|{' '.join(mode)}"]
 
 
+def _json_error_problems(label: str, r: dict) -> list[str]:
+    try:
+        error = json.loads(r["stdout"])["error"]
+    except (ValueError, KeyError, TypeError):
+        return [f"{label}: stdout under --json is not one JSON error object: {r['stdout'][:200]!r}"]
+    if error.get("exit_code") != 2 or r["stderr"].strip() != f"ckptfix: error: {error.get('message')}":
+        return [f"{label}: the JSON error object does not match the stderr line: {r['stdout'][:200]!r}"]
+    return []
+
+
 def _fail(problems: list[str]) -> None:
     if problems:
         pytest.fail(f"{len(problems)} problem(s):\n" + "\n".join(problems[:60]))
@@ -111,7 +121,9 @@ def test_exit_codes_and_error_lines(corpus, batch):
                 problems.append(f"{label}: stderr is not one 'ckptfix: error:' line: {err[:300]!r}")
             elif not re.search(match, err):
                 problems.append(f"{label}: error line does not match {match!r}: {err.strip()[:300]!r}")
-            if r["stdout"]:
+            if "--json" in mode:  # issue 18: the same error as a JSON object on stdout, the stderr line kept
+                problems += _json_error_problems(label, r)
+            elif r["stdout"]:
                 problems.append(f"{label}: stdout not empty on error: {r['stdout'][:200]!r}")
         else:
             if err:

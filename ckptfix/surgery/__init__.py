@@ -99,13 +99,14 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
                          std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
         # looked up before --dry-run returns: a dry run never says "would write" for what the real run refuses
         writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
+        if writer is not None and out is not None:
+            writer = _writer_for_name(ckpt.format, os.fspath(out), writer)
         if dry_run:
             return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
         out, in_place = output_target(source, out, force=force)
         if writer is None:
             return RepairResult(plan, None, False, build_record(plan, None),
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
-        _check_output_name(ckpt.format, out)
         check_output_path(source, out, force=force, sidecar=_writes_sidecar(ckpt))
         if hasher is None:  # `out` existed at the first check and is gone now
             hasher = BackgroundHash(source, paced=paced)
@@ -165,19 +166,27 @@ def _writes_sidecar(ckpt: Any) -> bool:
 
 
 _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
+_STATE_DICT_SUFFIXES = (".pth", ".pt", ".bin")
 
 
-def _check_output_name(fmt: str, out: str) -> None:
-    """Repair writes the input's format; an output name that promises another one is refused, not
-    silently given other bytes (a .safetensors file that safetensors cannot open)."""
+def _writer_for_name(fmt: str, out: str, writer: Callable[..., str | None]) -> Callable[..., str | None]:
+    """The writer for the format OUT's name asks for: the input's own, or a torch.save state_dict for a
+    `.safetensors` input named .pth/.pt/.bin. A name that promises bytes repair cannot write is refused,
+    never silently given other bytes (a .safetensors file that safetensors cannot open)."""
     name = out.lower().rstrip("/")
     if fmt in ("torch", "lightning") and name.endswith(".safetensors"):
         raise RepairError(f"{out}: repair writes a {fmt} checkpoint as torch.save does (optimizer, schedule and "
-                          "all); a .safetensors name would hold a torch zip. Name the output .pth (or .ckpt)")
+                          "all); a .safetensors name would promise a weights-only file repair does not write from it. Name "
+                          "the output .pth (or .ckpt)")
+    if fmt == "safetensors" and name.endswith(_STATE_DICT_SUFFIXES):
+        from ckptfix.surgery.write_torch import write_torch_from_safetensors
+
+        return write_torch_from_safetensors
     if fmt == "safetensors" and name.endswith(_TORCH_SUFFIXES):
-        raise RepairError(f"{out}: repair writes the input's safetensors format; a {os.path.splitext(name)[1]} "
-                          "name would hold safetensors bytes that torch.load cannot read. Name the output "
-                          ".safetensors")
+        raise RepairError(f"{out}: a {os.path.splitext(name)[1]} name would promise a Lightning/training "
+                          "checkpoint; from a .safetensors input repair writes .safetensors, or a torch.save "
+                          "state_dict named .pth, .pt or .bin")
+    return writer
 
 
 def _writer_for(fmt: str, path: str | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import os
 from typing import Any, Callable
 
@@ -113,4 +114,39 @@ def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[..., 
             f.write(record_json(record_fn()))
     if in_place and not os.path.exists(backup or ""):
         raise RepairError(f"{out}: backup was not created")
+    return backup
+
+
+def write_torch_from_safetensors(plan: RepairPlan, out: str, record_fn: Callable[..., dict], *,
+                                 rng: np.random.Generator, in_place: bool, progress: Any = None) -> str | None:
+    """A repaired `.safetensors` written as the bare state_dict `torch.save(model.state_dict(), out)` gives
+    (the user named OUT .pth/.pt/.bin): one storage per tensor, untouched ones copied byte for byte from
+    the safetensors data, edited ones produced; tied names share one tensor, as in the model. The
+    record goes to `OUT.ckptfix.json`, as for a bare state_dict."""
+    from ckptfix.dtypes import contiguous_stride
+    from ckptfix.formats import safetensors_file
+    from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+    from ckptfix.formats.torch_save import StorageSource
+    from ckptfix.surgery import record_json
+
+    tensors, _ = safetensors_file.tensors(plan.ckpt.path)
+    tree: collections.OrderedDict[str, TensorRef] = collections.OrderedDict()
+    sources: dict[str, StorageSource] = {}
+    by_owner: dict[str, TensorRef] = {}
+    for name, t in sorted(tensors.items(), key=lambda kv: kv[1].locate().start):
+        owner = plan.ckpt.tied.get(name, name)
+        if owner in by_owner:
+            tree[name] = by_owner[owner]
+            continue
+        edit = plan.weights.get(owner)
+        shape = tuple(edit.new_shape) if edit is not None else tuple(t.shape)
+        storage = StorageRef(str(len(sources)), t.dtype, "cpu", math.prod(shape))
+        sources[storage.key] = (StorageSource(produce=lambda e=edit: e.output(plan.init, plan.std, rng))  # type: ignore[misc]
+                                if edit is not None else StorageSource(copy_from=t.locate))
+        tree[name] = by_owner[owner] = TensorRef(storage, 0, shape, contiguous_stride(shape), t.dtype)
+    backup = backup_path(out) if in_place else None
+    with atomic_file(out, mode_like=plan.ckpt.path, backup=in_place) as f:
+        torch_save.write(f, tree, lambda s: sources[s.key], progress=progress)
+    with atomic_file(out + ".ckptfix.json") as f:
+        f.write(record_json(record_fn()))
     return backup
