@@ -261,13 +261,20 @@ def test_lr_zero_without_scheduler_is_an_error():
     assert info.value.problems[0].params == ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
 
 
-def test_lr_zero_at_warmup_step_zero_is_only_a_warning():
+def test_lr_zero_at_warmup_step_zero_is_information():
+    """Issue 18 asks for this change (it was a warning): a warm-up from 0 whose next lr is above 0 is info,
+    never a warning; a step-0 lr of 0 whose next lr is unknown or 0 stays a warning."""
     model = MLP()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, step / 10))
     assert opt.param_groups[0]["lr"] == 0.0 and sched.last_epoch == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TrainingSetupWarning)
+        found = check_training_setup(model, opt, scheduler=sched)
+    assert [(p.code, p.severity) for p in found] == [("CKF807", "info")] and "0.0001" in found[0].message
+    flat = torch.optim.lr_scheduler.LambdaLR(torch.optim.AdamW(model.parameters()), lambda step: 0.0 if step < 2 else 1)
     with pytest.warns(TrainingSetupWarning, match="CKF807"):
-        check_training_setup(model, opt, scheduler=sched)
+        check_training_setup(model, flat.optimizer, scheduler=flat)
 
     # A schedule stuck at 0 after it has stepped is an error again.
     stuck = torch.optim.lr_scheduler.LambdaLR(torch.optim.AdamW(model.parameters()), lambda s: 0)
@@ -275,6 +282,30 @@ def test_lr_zero_at_warmup_step_zero_is_only_a_warning():
     stuck.step()
     with pytest.raises(TrainingSetupError, match="CKF807"):
         check_training_setup(model, stuck.optimizer, scheduler=stuck)
+
+
+def test_lr_zero_at_the_end_of_a_finished_schedule():
+    """A linear decay that reached 0 (HF's default), resumed with a longer schedule: info (the first step runs
+    at lr 0, then it trains); resumed with the same schedule: an error (nothing left to train)."""
+    model = MLP()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / 4))
+    for _ in range(4):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0
+    saved = opt.state_dict()  # a resume: the schedule is built, then both states loaded (lr 0 comes back)
+    longer = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / 8))
+    opt.load_state_dict(saved)
+    longer.load_state_dict(sched.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", TrainingSetupWarning)
+        found = check_training_setup(model, opt, scheduler=longer)
+    assert [(p.code, p.severity) for p in found] == [("CKF807", "info")]
+    assert "the next ones train" in found[0].message and "Lightning" in found[0].message
+    with pytest.raises(TrainingSetupError, match="CKF807 error.*keeps it at 0"):
+        check_training_setup(model, opt, scheduler=sched)
 
 
 # -- CKF808: GradScaler scale collapsed ---------------------------------------------------------

@@ -26,7 +26,10 @@ declare("CKF806", "error", "fp16 parameters under a GradScaler",
         "fp16 parameters under an enabled GradScaler: `unscale_` raises \"Attempting to unscale FP16 gradients\"; "
         "keep fp32 master weights with autocast, or use bf16.")
 declare("CKF807", "error", "learning rate 0",
-        "A param group's learning rate is 0 (warning at scheduler step 0, else error).")
+        "A param group's learning rate is 0. Info where the live scheduler raises it at its next step (the first "
+        "step of a warm-up from 0; the end of a finished schedule resumed with a longer one: the first step "
+        "changes nothing, then it trains); a warning at scheduler step 0 when the next lr is unknown or 0; "
+        "otherwise an error (the parameters never change).")
 declare("CKF808", "error", "GradScaler scale collapsed",
         "GradScaler scale below 1 (warning), below 2^-24 or not finite (error).")
 declare("CKF810", "error", "no gradient at all",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ class Problem:
     """One finding. `params` names the parameters concerned (may be empty)."""
 
     code: str  # "CKF8xx"
-    severity: str  # "error" or "warning"
+    severity: str  # "error", "warning" or "info" (what will happen, nothing wrong: logged, never warned)
     message: str
     params: tuple[str, ...] = ()
 
@@ -44,7 +45,7 @@ class TrainingSetupError(CkptfixError, RuntimeError):
     def __init__(self, problems: Sequence[Problem]):
         self.problems = list(problems)
         errors = sum(p.severity == "error" for p in self.problems)
-        warns = len(self.problems) - errors
+        warns = sum(p.severity == "warning" for p in self.problems)
         summary = f"training would not learn: {errors} error(s), {warns} warning(s)"
         super().__init__("\n".join([summary, *(f"  {p}" for p in self.problems)]))
 
@@ -55,12 +56,16 @@ class TrainingSetupWarning(UserWarning):
 
 def raise_or_warn(problems: Sequence[Problem], error: Callable[[list[Problem]], Exception],
                   stacklevel: int = 3) -> None:
-    """The guard's one ending: raise `error(problems)` if any is an error, else `warnings.warn` each.
+    """The guard's one ending: raise `error(problems)` if any is an error, else `warnings.warn` each
+    warning and log each info.
     `stacklevel` 3 points the warning at the caller of the function that calls this."""
     if any(p.severity == "error" for p in problems):
         raise error(list(problems))
     for problem in problems:
-        warnings.warn(str(problem), TrainingSetupWarning, stacklevel=stacklevel)
+        if problem.severity == "info":  # not a warning: logged (logger "ckptfix"), and returned by the guard
+            logging.getLogger("ckptfix").info("%s", problem)
+        else:
+            warnings.warn(str(problem), TrainingSetupWarning, stacklevel=stacklevel)
 
 
 def report_problems(problems: list[Problem], raise_on_error: bool, stacklevel: int = 3) -> list[Problem]:

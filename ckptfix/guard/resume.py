@@ -107,7 +107,7 @@ class ResumeError(TrainingSetupError):
         self.problems = list(problems)
         self.path = path
         errors = sum(p.severity == "error" for p in self.problems)
-        warns = len(self.problems) - errors
+        warns = sum(p.severity == "warning" for p in self.problems)
         where = f"{path}: " if path else ""
         summary = (f"{where}checkpoint does not fit the model/optimizer: {errors} error(s), "
                    f"{warns} warning(s)")

@@ -236,8 +236,16 @@ def _next_lrs(scheduler: Any) -> list[float] | None:
         return None
 
 
+_RESUME_LR = ("Which schedule comes next is the loop's: the Hugging Face Trainer rebuilds it from the resumed "
+              "TrainingArguments, Lightning from configure_optimizers, a plain loop from its own code; "
+              "scheduler.load_state_dict then restores only its step.")
+
+
 def _check_learning_rate(s: _Setup) -> list[Problem]:
-    """CKF807: a param group with lr 0 (fine at warmup step 0, dead otherwise)."""
+    """CKF807: a param group with lr 0. Information where the live scheduler raises it at its next step
+    (the first step of a warm-up from 0; the end of a finished schedule resumed with a longer one): the
+    first step changes nothing, the next ones train. A warning at warm-up step 0 when the next lr is
+    unknown (not a LambdaLR) or still 0; an error otherwise (the parameters never change)."""
     if s.optimizer is None:
         return []
     zero = [i for i, g in enumerate(s.optimizer.param_groups)
@@ -247,27 +255,33 @@ def _check_learning_rate(s: _Setup) -> list[Problem]:
     names = {id(p): n for n, p in s.params.items()}
     params = tuple(names[id(p)] for i in zero for p in s.optimizer.param_groups[i]["params"]
                    if id(p) in names)
+    upcoming = _next_lrs(s.scheduler)
+    rises = upcoming is not None and all(upcoming[i] > 0 for i in zero if i < len(upcoming))
     if _scheduler_at_start(s.scheduler):
+        if rises:
+            return [Problem("CKF807", "info", f"param group(s) {zero} start a warm-up from lr 0: the first step "
+                            f"changes nothing, the scheduler raises the lr to {max(upcoming or [0]):.3g} at its "
+                            "next step.", params)]
         return [Problem(
             "CKF807", "warning",
-            f"param group(s) {zero} have lr 0 at scheduler step 0; fine for a warmup that starts "
-            "from 0, but nothing is learned if it stays 0.",
+            f"param group(s) {zero} have lr 0 at scheduler step 0 and the scheduler's next lr is "
+            f"{'0 too' if upcoming is not None else 'unknown (not a LambdaLR)'}; fine for a warm-up that "
+            "starts from 0, but nothing is learned if it stays 0.",
             params,
         )]
-    upcoming = _next_lrs(s.scheduler)
-    if upcoming is not None and all(upcoming[i] > 0 for i in zero if i < len(upcoming)):
+    if rises:
         return [Problem(
-            "CKF807", "warning",
-            f"param group(s) {zero} have lr 0 now (the end of the saved schedule, restored with the "
-            f"optimizer), and the live scheduler raises it to {max(upcoming):.3g} at its next step: the "
-            "first resumed step changes nothing, the next ones train (Hugging Face Trainer resumed with a "
-            "longer max_steps does exactly this).",
+            "CKF807", "info",
+            f"param group(s) {zero} have lr 0 (the end of the saved schedule, restored with the optimizer) and "
+            f"the live scheduler raises it to {max(upcoming or [0]):.3g} at its next step: the first resumed "
+            f"step changes nothing, the next ones train. {_RESUME_LR}",
             params,
         )]
     return [Problem(
         "CKF807", "error",
-        f"param group(s) {zero} have learning rate 0 (and no scheduler at warmup step 0): their "
-        "parameters will never change.",
+        f"param group(s) {zero} have learning rate 0 and the live scheduler "
+        f"{'keeps it at 0 at its next step' if upcoming is not None else 'does not raise it (none, or not a LambdaLR at step 0)'}"
+        f": their parameters will never change. {_RESUME_LR} Resume with a schedule that continues.",
         params,
     )]
 

@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ckptfix.guard import ResumeError, StepProbe, check_training_setup
-from ckptfix.guard.problems import raise_or_warn
+from ckptfix.guard.problems import Problem, raise_or_warn
 from ckptfix.guard.resume_apply import check_live_state
 
 __all__ = ["ResumeGuardCallback"]
@@ -41,13 +41,16 @@ class ResumeGuardCallback(Callback):
         self.steps = steps
         self.unused_ok = tuple(unused_ok)
         self.probe: StepProbe | None = None
+        self.setup_problems: list[Problem] = []  # what the setup check found and let through (warnings, info)
         self._stepping = False  # a probed optimizer step is in progress (before_step ran)
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.probe = None
+        self.setup_problems = []
         schedulers = [c.scheduler for c in getattr(trainer, "lr_scheduler_configs", [])]
         for i, optimizer in enumerate(trainer.optimizers):
-            check_training_setup(pl_module, optimizer, scheduler=schedulers[i] if i < len(schedulers) else None)
+            self.setup_problems += check_training_setup(pl_module, optimizer,
+                                                        scheduler=schedulers[i] if i < len(schedulers) else None)
             raise_or_warn(check_live_state(pl_module, optimizer), lambda found: ResumeError(found), stacklevel=4)
         if self.steps > 0 and len(trainer.optimizers) == 1:
             self.probe = StepProbe(pl_module, trainer.optimizers[0], steps=self.steps, unused_ok=self.unused_ok)

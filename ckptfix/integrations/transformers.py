@@ -34,7 +34,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from ckptfix.guard import ResumeError, StepProbe, TrainingSetupWarning, check_training_setup
-from ckptfix.guard.problems import raise_or_warn
+from ckptfix.guard.problems import Problem, raise_or_warn
 from ckptfix.guard.resume_apply import check_live_state
 from ckptfix.guard.setup import unwrap_optimizer
 
@@ -54,6 +54,7 @@ class ResumeGuardCallback(TrainerCallback):
         self.unused_ok = tuple(unused_ok)
         self.rewarm_steps = rewarm_steps
         self.probe: StepProbe | None = None
+        self.setup_problems: list[Problem] = []  # what the setup check found and let through (warnings, info)
         self.rewarm_done = 0  # steps re-warmed so far (see `_start_rewarm`)
         self._rewarming = False
         self._setup_checked_with_optimizer = False
@@ -66,7 +67,7 @@ class ResumeGuardCallback(TrainerCallback):
         self.probe = None
         self._setup_checked_with_optimizer = optimizer is not None
         if model is not None:
-            check_training_setup(model, optimizer, scheduler=lr_scheduler)
+            self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
             _check_loaded_state(model, optimizer)
         self._start_rewarm(state, optimizer)
 
@@ -109,7 +110,7 @@ class ResumeGuardCallback(TrainerCallback):
             return None
         if not self._setup_checked_with_optimizer:
             self._setup_checked_with_optimizer = True
-            check_training_setup(model, optimizer, scheduler=lr_scheduler)
+            self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
             _check_loaded_state(model, optimizer)
         if self.probe is None:
             # An accelerate-wrapped optimizer carries its GradScaler; StepProbe picks it up.
