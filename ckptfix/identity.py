@@ -222,8 +222,8 @@ def _user_defined_pieces(tok: Any) -> list[tuple[int, str]]:
     if not isinstance(source, str) or not source.endswith(".model") or not os.path.isfile(source):
         return []
     try:
-        with open(source, "rb") as f:
-            data = f.read(1 << 28)
+        with open(source, "rb") as f:  # read(n) allocates n bytes up front: never more than the file holds
+            data = f.read(min(os.fstat(f.fileno()).st_size, 1 << 28))
         return [(i, piece) for i, (piece, kind) in enumerate(_sentencepiece_pieces(data)) if kind == _USER_DEFINED]
     except (OSError, ValueError, IndexError, UnicodeDecodeError):
         return []  # tokenizers.py already vouched for the file; a read failure here only loses a hint

@@ -90,8 +90,9 @@ def _group(g: dict) -> str:
     parts = [f"{g['params']} params", f"lr {g['lr']:.3g}" if isinstance(g.get("lr"), float) else f"lr {g.get('lr')}"]
     if "betas" in g:
         parts.append(f"betas {tuple(g['betas'])}")
-    if g.get("weight_decay"):
-        parts.append(f"wd {g['weight_decay']:g}")
+    wd = g.get("weight_decay")
+    if wd:  # a float, or its text where it is not finite ("nan", "inf": what `plain` makes of them)
+        parts.append(f"wd {wd:g}" if isinstance(wd, float) else f"wd {wd}")
     return " ".join(parts)
 
 

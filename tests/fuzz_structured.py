@@ -19,8 +19,12 @@ tokenizer folder. Each format has its own mutators that know its structure:
 
 `run(fmt, n, seed)` runs n inputs through `ckptfix.cli.main` (inspect with random flags; repair and diff
 for some) and returns (count, failures). A failure is an exit code outside 0/1/2, a traceback or an
-internal error line, an input over `TIME_LIMIT` s, a peak over `MEM_LIMIT` bytes, a changed input or a
-stray file.
+internal error line, a run over `TIME_LIMIT` s of CPU time or one that never ends (`HANG_LIMIT` s of wall
+clock), a peak over `MEM_LIMIT` bytes, a changed input or a stray file.
+
+Time is the process's CPU time (all threads) per run: the long run shares 2 cores with other work at
+nice 15, where a run of 0.1 s CPU waited 20 s for a core. A run over `TIME_LIMIT` s of wall clock but not
+of CPU is kept apart (`slow_wall` in the log, the input under `slow/`) to be timed again on a quiet machine.
 
 Memory is measured for every input as the whole process's peak resident size (VmHWM) above its resident
 size at the start of the run: before each run the allocator hands its free pages back (`malloc_trim(0)`)
@@ -62,6 +66,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 TIME_LIMIT = 5.0
+HANG_LIMIT = 60.0  # wall-clock seconds: a run blocked on a FIFO or a lock uses no CPU
 MEM_LIMIT = 300 << 20
 TRACE_EVERY = 16  # inputs between two measured with tracemalloc too (see the module docstring)
 FORMATS = ("pickle", "tree", "zip", "safetensors", "dcp", "deepspeed", "hf", "sentencepiece",
@@ -799,8 +804,10 @@ def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
     _reset_hwm()
     base_rss = _vm_hwm()
     signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT * 4)
-    t = time.perf_counter()
+    signal.signal(signal.SIGPROF, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, HANG_LIMIT)
+    signal.setitimer(signal.ITIMER_PROF, TIME_LIMIT * 4)
+    t, cpu = time.perf_counter(), time.process_time()
     try:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             main(argv)
@@ -813,7 +820,8 @@ def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
         code = f"escaped:{type(exc).__name__}: {exc}"[:300]
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    seconds = time.perf_counter() - t
+        signal.setitimer(signal.ITIMER_PROF, 0)
+    seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
     release_maps()
     peak_py = tracemalloc.get_traced_memory()[1] - py_base if tracing else 0
     peak_rss = max(0, _vm_hwm() - base_rss)
@@ -821,7 +829,7 @@ def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
     outputs = {"out", "out.pth", "out.safetensors", "out.ckptfix.json", "out.pth.ckptfix.json",
                "out.safetensors.ckptfix.json"}
     new = sorted(set(os.listdir(work)) - set(listing) - outputs)
-    return {"argv": argv, "code": code, "seconds": seconds, "peak_py": peak_py, "peak_rss": peak_rss,
+    return {"argv": argv, "code": code, "seconds": seconds, "cpu_seconds": cpu, "peak_py": peak_py, "peak_rss": peak_rss,
             # whole on exit 2: under --json it is one JSON error object, parsed by `problems`
             "stdout": out.getvalue() if code == 2 else out.getvalue()[-2000:], "stderr": err.getvalue()[-2000:],
             "changed": sorted(k for k in before if before[k] != after.get(k)), "stray": new}
@@ -833,8 +841,8 @@ def problems(r: dict[str, Any], input_bytes: int) -> list[str]:
         found.append(f"exit {r['code']}")
     if "Traceback" in r["stderr"] + r["stdout"] or "internal error" in r["stderr"]:
         found.append("traceback or internal error")
-    if r["seconds"] > TIME_LIMIT:
-        found.append(f"{r['seconds']:.1f} s")
+    if r["cpu_seconds"] > TIME_LIMIT:
+        found.append(f"{r['cpu_seconds']:.1f} s of CPU ({r['seconds']:.1f} s wall)")
     if input_bytes < (1 << 20) and max(r["peak_py"], r["peak_rss"]) > MEM_LIMIT:
         found.append(f"peak {max(r['peak_py'], r['peak_rss']) >> 20} MB")
     if r["changed"]:
@@ -913,10 +921,12 @@ def _run(fmt: str, n: int, gen: Callable, rng: random.Random, seeds: dict[str, P
             runs += 1
             _note_worst(fmt, r, size)
             found = problems(r, size)
-            if found:
-                failure = {"format": fmt, "i": i, "seed": seed, "problems": found, **r}
+            slow = not found and r["seconds"] > TIME_LIMIT
+            if found or slow:
+                failure = {"format": fmt, "i": i, "seed": seed, **({"problems": found} if found else {"slow_wall": True}),
+                           **r}
                 failures.append(failure)
-                keep = scratch / "failures" / f"{fmt}-{seed}-{i}"
+                keep = scratch / ("failures" if found else "slow") / f"{fmt}-{seed}-{i}"
                 if not keep.exists():
                     shutil.copytree(work, keep, symlinks=True, ignore=_skip_special)
                 if log:
@@ -930,9 +940,9 @@ WORST: dict[str, dict[str, Any]] = {}
 
 
 def _note_worst(fmt: str, r: dict[str, Any], size: int) -> None:
-    worst = WORST.setdefault(fmt, {"seconds": 0.0, "peak_rss": 0, "peak_py": 0})
-    for key in ("seconds", "peak_rss", "peak_py"):
-        if (key == "seconds" or size < (1 << 20)) and r[key] > worst[key]:
+    worst = WORST.setdefault(fmt, {"seconds": 0.0, "cpu_seconds": 0.0, "peak_rss": 0, "peak_py": 0})
+    for key in ("seconds", "cpu_seconds", "peak_rss", "peak_py"):
+        if (key.endswith("seconds") or size < (1 << 20)) and r[key] > worst[key]:
             worst[key] = r[key]
             worst[key + "_argv"] = r["argv"]
 
@@ -989,7 +999,8 @@ def main(argv: list[str]) -> int:
             print(json.dumps({"format": f, "seed": seed, "inputs": t["inputs"], "runs": t["runs"],
                               "failures": t["failures"], "cpu_s": round(t["cpu_s"], 1),
                               "per_cpu_s": round(t["inputs"] / max(t["cpu_s"], 1e-9), 1),
-                              "elapsed_s": round(time.time() - t0, 1), "worst_s": round(w.get("seconds", 0), 2),
+                              "elapsed_s": round(time.time() - t0, 1), "worst_cpu_s": round(w.get("cpu_seconds", 0), 2),
+                              "worst_wall_s": round(w.get("seconds", 0), 2),
                               "worst_rss_mb": w.get("peak_rss", 0) >> 20, "worst_py_mb": w.get("peak_py", 0) >> 20}),
                   flush=True)
     return 1 if any(t["failures"] for t in totals.values()) else 0

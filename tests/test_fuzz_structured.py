@@ -2,7 +2,7 @@
 
 Every format's mutators run on a fixed number of inputs (the same sequence everywhere) from real seed files (DeepSpeed's engine run is left to the
 long run: here its mutator falls back to the torch tree one), in this process, with the fuzzer's own
-checks: exit code 0/1/2, no traceback, at most 5 s per input, peak memory, input unchanged, no stray file.
+checks: exit code 0/1/2, no traceback, at most 5 s of CPU per run, peak memory, input unchanged, no stray file.
 The long run (>= 10^5 inputs per format where time allows) is `python tests/fuzz_structured.py FORMAT N`.
 """
 

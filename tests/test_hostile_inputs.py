@@ -404,3 +404,51 @@ def test_from_tokenizer_with_wrong_typed_merges_is_exit_2(base, tmp_path):
     assert (r["code"], r["stderr"].strip()) == (2, (
         f"{ERR}{tmp_path / 'tokenizer.json'}: model.merges: expected a list of 'a b' strings or [a, b] pairs, "
         "got a list"))
+
+
+def test_non_finite_optimizer_options_render_as_text(base):
+    """A real AdamW state dict whose weight_decay is NaN or inf (the fuzzer's tree mutator found the text
+    report's `:g` format applied to the "nan" that --json carries: exit 3): both reports show it, exit 0."""
+    jobs = []
+    for name, value in {"wd_nan": float("nan"), "wd_inf": float("inf")}.items():
+        path = _variant(base, name, _group("weight_decay", value))
+        jobs += [{"id": name, "argv": ["inspect", str(path)]}, {"id": name + "-json", "argv": ["inspect", str(path), "--json"]}]
+    out = mc.run_batch(jobs, cwd=base["root"], timeout=20)
+    assert [out[k]["code"] for k in ("wd_nan", "wd_nan-json", "wd_inf", "wd_inf-json")] == [0, 0, 0, 0], out
+    assert "wd nan]" in out["wd_nan"]["stdout"] and "wd inf]" in out["wd_inf"]["stdout"]
+
+
+def _python_peak(argv: list[str]) -> tuple[int, int]:
+    """(exit code, peak Python allocation in bytes) of one in-process CLI run."""
+    import contextlib
+    import io
+    import tracemalloc
+
+    from ckptfix.cli import main
+
+    tracemalloc.start()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            try:
+                main(argv)
+                code = 0
+            except SystemExit as exc:
+                code = exc.code
+        return code, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_small_files_are_never_read_with_the_cap_as_buffer(base, tmp_path):
+    """`f.read(cap)` allocates the cap before reading: a 13 KB DCP `.metadata` cost a 64 MiB buffer and a
+    sentencepiece model compared for user-defined pieces a 256 MiB one (the fuzzer's tracemalloc peaks).
+    A real dcp.save folder and the real tokenizer: both read with buffers the size of the file."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": base["run"].model.state_dict(), "step": 3}, checkpoint_id=str(tmp_path / "dcp"))
+    code, peak = _python_peak(["inspect", str(tmp_path / "dcp")])
+    assert code == 0 and peak < 16 << 20, (code, peak >> 20)
+    code, peak = _python_peak(["inspect", str(base["good"]), "--tokenizer", str(base["tok"])])
+    assert code in (0, 1) and peak < 16 << 20, (code, peak >> 20)

@@ -286,8 +286,8 @@ def read_metadata(path: str) -> tuple[dict[str, Item], str | None]:
     from ckptfix.formats import open_regular
 
     try:
-        with open_regular(file) as f:
-            data = f.read(MAX_ITEM_PICKLE + 1)
+        with open_regular(file) as f:  # read(n) allocates n bytes up front: never more than the file holds
+            data = f.read(min(os.fstat(f.fileno()).st_size, MAX_ITEM_PICKLE) + 1)
     except OSError as exc:
         raise UnreadableCheckpoint(f"{file}: cannot read ({exc.strerror})") from None
     if len(data) > MAX_ITEM_PICKLE:
@@ -661,7 +661,10 @@ class _Blob:
         info = self._info(name)
         if info.file_size > MAX_ITEM_PICKLE:
             raise UnreadableCheckpoint(f"{self.file}: {name} of {self.fqn!r} declares {info.file_size} bytes")
-        self.window.seek(self._data_start(info))
+        start = self._data_start(info)
+        if start + info.file_size > self.window.length:  # read(n) would allocate the claimed size first
+            raise UnreadableCheckpoint(f"{self.file}: {name} of {self.fqn!r} runs past the end of its record (truncated?)")
+        self.window.seek(start)
         return self.window.read(info.file_size)
 
     def record(self, name: str) -> ByteRange:
