@@ -594,6 +594,14 @@ def _prescan(data: bytes, origin: str) -> None:
                 memo[len(memo)] = stack[-1]
                 i += 1
                 continue
+            if code == 0x68 and i + 2 <= n:  # BINGET: a shared key, dtype or storage type
+                push(memo.get(data[i + 1], 1))
+                i += 2
+                continue
+            if code == 0x71 and i + 2 <= n and data[i + 1] <= n:  # BINPUT (its index is checked below otherwise)
+                memo[data[i + 1]] = stack[-1]
+                i += 2
+                continue
             spec = table[code]
             if spec is None:
                 return
