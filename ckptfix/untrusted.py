@@ -264,7 +264,8 @@ INT64_MAX = (1 << 63) - 1
 def want_shape(value: Any, origin: str, field: str) -> tuple[int, ...]:
     """A tensor shape: at most MAX_DIMS non-negative int64 sizes whose product is an int64 too."""
     if isinstance(value, (list, tuple)) and len(value) > MAX_DIMS:
-        raise fail(origin, field, f"a shape of at most {MAX_DIMS} dimensions", f"{len(value)} dimensions")
+        raise CorruptInput(f"{escape(origin)}: {escape(field, MAX_TEXT)}: expected a shape of at most {MAX_DIMS} "
+                           f"dimensions, got {len(value):,}")
     dims = tuple(want_int(d, origin, f"{field}[{i}]") for i, d in enumerate(want_list(value, origin, field)))
     if math.prod(dims) > INT64_MAX:
         raise fail(origin, field, "at most 2**63 elements", list(dims))

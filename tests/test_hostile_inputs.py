@@ -452,3 +452,19 @@ def test_small_files_are_never_read_with_the_cap_as_buffer(base, tmp_path):
     assert code == 0 and peak < 16 << 20, (code, peak >> 20)
     code, peak = _python_peak(["inspect", str(base["good"]), "--tokenizer", str(base["tok"])])
     assert code in (0, 1) and peak < 16 << 20, (code, peak >> 20)
+
+
+def test_dcp_metadata_30000_dimension_size(tmp_path):
+    """A real dcp.save folder whose .metadata gives a tensor 30000 dimensions: the exact line, exit 2."""
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {"w": torch.zeros(3)}, "step": 1}, checkpoint_id=str(tmp_path / "dcp"))
+    meta = tmp_path / "dcp" / ".metadata"
+    md = pickle.loads(meta.read_bytes())
+    object.__setattr__(md.state_dict_metadata["model.w"], "size", [1] * 30_000)
+    meta.write_bytes(pickle.dumps(md))
+    r = mc.run_batch([{"id": 0, "argv": ["inspect", str(tmp_path / "dcp")]}], cwd=tmp_path, timeout=10)[0]
+    assert (r["code"], r["stderr"].strip()) == (
+        2, f"{ERR}{meta}: 'model.w' size: expected a shape of at most 64 dimensions, got 30,000"), r
