@@ -468,3 +468,13 @@ def test_dcp_metadata_30000_dimension_size(tmp_path):
     r = mc.run_batch([{"id": 0, "argv": ["inspect", str(tmp_path / "dcp")]}], cwd=tmp_path, timeout=10)[0]
     assert (r["code"], r["stderr"].strip()) == (
         2, f"{ERR}{meta}: 'model.w' size: expected a shape of at most 64 dimensions, got 30,000"), r
+
+
+def test_legacy_pth_is_mapped_not_read_whole(tmp_path):
+    """A pre-1.6 torch.save stream (`_use_new_zipfile_serialization=False`): its storages follow the
+    pickles; inspect copies out the pickles only (a 64 MiB tensor took a 66 MiB peak when the file was
+    read whole; 3 MiB mapped)."""
+    path = tmp_path / "legacy.pth"
+    torch.save({"w": torch.zeros(16 << 20), "step": 3}, path, _use_new_zipfile_serialization=False)
+    code, peak = _python_peak(["inspect", str(path)])
+    assert code == 0 and peak < 16 << 20, (code, peak >> 20)
