@@ -88,8 +88,9 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
                    "mean (HF mean_resizing; default otherwise), zeros, or normal with --std.")
 @click.option("--std", type=float, default=0.02, show_default=True, help="Standard deviation for --init normal.")
 @click.option("--pad-to", "--pad-to-multiple-of", "pad_to_multiple_of", type=click.IntRange(min=1),
-              help="Round the row count up to a multiple of N (1: one row per token). Default: keep rows that "
-              "already fit, else the padding the checkpoint had against --from-tokenizer, else one per token.")
+              help="Round the row count up to a multiple of N (1: one row per token). Default: the model's size "
+              "when the tokenizer fits it (config vocab_size, a round reserve, padding to 64+), else the multiple "
+              "the checkpoint had against its old tokenizer, else one row per token; the output names the rule.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for sampled new rows.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; write nothing.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (if OUT is the input, a .bak is kept).")

@@ -102,30 +102,51 @@ def config_vocab_size(config: Any) -> int | None:
 
 
 def target_rows(tokens: int, rows: int, *, pad_to: int | None = None, config_vocab: int | None = None,
-                old_tokens: int | None = None) -> tuple[int, str]:
-    """Row count for a repair of a checkpoint with `rows` rows to a `tokens`-id tokenizer, and why.
+                old_tokens: int | None = None, exact: bool = False) -> tuple[int, str]:
+    """Row count for a repair of a checkpoint with `rows` rows to a `tokens`-id tokenizer, and a note naming
+    the padding rule used (repair prints it). The first rule that applies:
 
-    `pad_to` (--pad-to N) rounds the tokens up to N (1: exactly one row per token). By default the rows are
-    kept when they already fit the tokenizer as a round reserve or a padding to a multiple of 64+; otherwise the checkpoint keeps
-    the padding multiple it visibly has against its old tokenizer (`old_tokens`, when known); otherwise one
-    row per token, as a model built from `len(tokenizer)` (resize_token_embeddings) expects.
+    1. `exact` (the guard): `tokens` is the live model's row count, which the rows must match.
+    2. `pad_to` (--pad-to N): the tokens rounded up to a multiple of N (1: exactly one row per token).
+    3. The rows already fit the tokenizer as the model's own size: its config records them as `vocab_size`
+       (`config_vocab`), or they are a round reserve, or a padding to a multiple of 64+ (fit_rows): kept.
+    4. The padding multiple the checkpoint already has against the tokenizer its rows were trained with
+       (`old_tokens`: --from-tokenizer, a ckptfix record's, an HF folder's own): the tokens rounded up to it.
+    5. One row per token, as a model built from `len(tokenizer)` (resize_token_embeddings) expects: the
+       checkpoint's multiple is not known without its old tokenizer (Llama 2's 32000 rows are one per token,
+       though 32000 is a multiple of 256), so the note says how to keep one (--pad-to N).
     """
+    target, rule = _target_rule(tokens, rows, pad_to, config_vocab, old_tokens, exact)
+    head = f"kept the checkpoint's {rows}" if target == rows else str(target)
+    return target, f"rows: {head} for {tokens} tokens (padding rule: {rule})"
+
+
+def _target_rule(tokens: int, rows: int, pad_to: int | None, config_vocab: int | None, old_tokens: int | None,
+                 exact: bool) -> tuple[int, str]:
+    if exact:
+        return tokens, "the live model's row count"
     if pad_to is not None:
-        target = padded_size(tokens, pad_to)
-        return target, f"rows: {target} for {tokens} tokens (--pad-to {pad_to})"
+        return padded_size(tokens, pad_to), f"--pad-to {pad_to}"
     now = fit_rows(rows, tokens, config_vocab)
     # Rows one per token of an old tokenizer look like a small padding of a smaller new one (48 rows "pad"
-    # 40 tokens to 16), and every checkpoint records its own rows: only a round reserve, or a padding to a
-    # multiple of 64+, shows the model was built with more rows than tokens.
-    if (now.verdict == "reserved" and not now.by_config) or (now.verdict == "padded" and rows % 64 == 0):
-        return rows, f"rows: kept the checkpoint's {rows} for {tokens} tokens ({now.describe()})"
+    # 40 tokens to 16): only the config's vocab_size, a round reserve or a padding to a multiple of 64+ shows
+    # the model was built with more rows than tokens.
+    if now.ok and rows > tokens:
+        if config_vocab == rows:
+            return rows, f"the model's size, its config's vocab_size {rows} ({now.describe()})"
+        if now.verdict == "reserved" or rows % 64 == 0:
+            return rows, f"the model's size ({now.describe()})"
     before = fit_rows(rows, old_tokens, config_vocab) if old_tokens is not None else None
     if before is not None and before.verdict in ("padded", "reserved") and before.multiple:
         # "Padded" names the smallest multiple that gives the rows; 1024 rows for 1000 tokens may be 32..256:
         # take 64 (HF's usual pad_to_multiple_of) when the rows allow it, never more than 256.
         multiple = min(max(before.multiple, 64 if rows % 64 == 0 else 1), 256)
-        target = padded_size(tokens, multiple)
-        return target, (f"rows: {target} for {tokens} tokens, padded to a multiple of {multiple} as the "
-                        f"checkpoint's {rows} rows were for {old_tokens} tokens (--pad-to 1: one row per token)")
-    hint = f"; its {rows} rows are a multiple of {min(row_multiple(rows) or 0, 256)}: --pad-to N keeps a padding"
-    return tokens, f"rows: {tokens}, one per token" + (hint if row_multiple(rows) else "")
+        return padded_size(tokens, multiple), (f"the checkpoint's multiple of {multiple}: its {rows} rows were "
+                                               f"for {old_tokens} tokens; --pad-to 1 for one row per token")
+    if before is not None:
+        why = f"the checkpoint's {rows} rows show no padding multiple against its {old_tokens}-token tokenizer"
+    else:
+        why = "no padding multiple is known without the tokenizer the rows were trained with (--from-tokenizer)"
+    multiple = min(row_multiple(rows) or 0, 256)
+    hint = f"; its {rows} rows are a multiple of {multiple}: --pad-to {multiple} keeps it" if multiple else ""
+    return tokens, f"one row per token: {why}{hint}"

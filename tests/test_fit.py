@@ -63,26 +63,49 @@ def test_config_vocab_size(config, expected):
     assert config_vocab_size(config) == expected
 
 
-# tokens, rows, pad_to, config, old tokens -> target rows
+# tokens, rows, pad_to, config, old tokens -> target rows, the padding rule the note names
+SIZE, MULTIPLE, ONE, PAD = "the model's size", "the checkpoint's multiple", "one row per token", "--pad-to"
 TARGET_TABLE = [
-    (1003, 1000, None, None, None, 1003),  # one row per token: what resize_token_embeddings(len(tok)) builds
-    (1000, 1001, None, None, None, 1000),  # seed 001's repair
-    (40, 48, None, None, None, 40),  # 48 rows "pad" 40 tokens to 16: more likely one per token of an old one
-    (1000, 1024, None, None, None, 1024),  # padded to 64+ (the fixtures' pad_to_multiple_of=64): kept
-    (1030, 1024, None, None, 1000, 1088),  # the checkpoint was padded to 64 against its old tokenizer: kept
-    (1030, 1024, None, None, None, 1030),  # no old tokenizer: nothing shows the 1024 rows were padding
-    (1030, 1024, 64, None, None, 1088),  # --pad-to 64
-    (1030, 1024, 1, None, 1000, 1030),  # --pad-to 1: exactly one row per token
-    (151700, 151936, None, None, None, 151936),  # Qwen: new tokens land in the reserved rows, no resize
-    (151700, 151936, None, 151936, None, 151936),
-    (192, 203, None, 203, None, 192),  # a recorded size alone (nanoGPT's model_args) keeps nothing: it always
-    (50257, 50400, None, 50400, None, 50257),  # equals the rows (GPT-J's config records its 50400)
-    (152000, 151936, None, None, 151646, 152064),  # past the reserve: the next multiple of 128
+    (1003, 1000, None, None, None, 1003, ONE),  # what resize_token_embeddings(len(tok)) builds
+    (1000, 1001, None, None, None, 1000, ONE),  # seed 001's repair
+    (40, 48, None, None, None, 40, ONE),  # 48 rows "pad" 40 tokens to 16: more likely one per token of an old one
+    (40, 48, None, None, 48, 40, ONE),  # ... as the old tokenizer shows
+    (1000, 1024, None, None, None, 1024, SIZE),  # padded to 64+ (the fixtures' pad_to_multiple_of=64): kept
+    (1030, 1024, None, None, 1000, 1088, MULTIPLE),  # padded to 64 against its old tokenizer: the multiple kept
+    (1030, 1024, None, None, None, 1030, ONE),  # no old tokenizer: nothing shows the 1024 rows were padding
+    (1030, 1024, None, 1024, None, 1030, ONE),  # past the config's vocab_size: it cannot be kept
+    (1030, 1024, 64, None, None, 1088, PAD),  # --pad-to 64
+    (1030, 1024, 1, None, 1000, 1030, PAD),  # --pad-to 1: exactly one row per token
+    (151700, 151936, None, None, None, 151936, SIZE),  # Qwen: new tokens land in the reserved rows, no resize
+    (151700, 151936, None, 151936, None, 151936, SIZE),
+    (152000, 151936, None, 151936, 151669, 152064, MULTIPLE),  # Qwen3 past its reserve: the next multiple of 128
+    (50400, 50304, None, 50304, 50257, 50432, MULTIPLE),  # nanoGPT's 50304 (64 x 786 = 128 x 393) grown
+    # the config's vocab_size is the model's size (issue #16: "or its config's vocab_size"), whatever its shape
+    (192, 203, None, 203, None, 203, SIZE),  # nanoGPT's model_args
+    (50257, 50400, None, 50400, None, 50400, SIZE),  # GPT-J's config records its 50400
+    (40, 48, None, 48, None, 48, SIZE),
+    (50257, 50400, None, None, None, 50257, ONE),  # ... without a config nothing says 50400 is the model's
+    (50300, 50400, None, 50400, 50257, 50400, SIZE),
+    (50500, 50400, None, 50400, 50257, 50500, ONE),  # past it: 50400 for 50257 is no multiple
+    (32001, 32000, None, 32000, 32000, 32001, ONE),  # Llama 2 + a pad token: it had one row per token
+    (32001, 32000, None, 32000, None, 32001, ONE),  # ... its 32000 rows are a multiple of 256 all the same
 ]
 
 
-@pytest.mark.parametrize("tokens, rows, pad_to, config, old, expected", TARGET_TABLE)
-def test_target_rows(tokens, rows, pad_to, config, old, expected):
+@pytest.mark.parametrize("tokens, rows, pad_to, config, old, expected, rule", TARGET_TABLE)
+def test_target_rows(tokens, rows, pad_to, config, old, expected, rule):
     target, note = target_rows(tokens, rows, pad_to=pad_to, config_vocab=config, old_tokens=old)
     assert target == expected
     assert note.startswith(f"rows: {'kept the checkpoint' if target == rows else target}")
+    assert f"(padding rule: {rule}" in note
+
+
+def test_target_rows_hints_at_the_multiple_it_did_not_assume():
+    _, note = target_rows(32001, 32000)
+    assert note.endswith("its 32000 rows are a multiple of 256: --pad-to 256 keeps it)")
+
+
+def test_the_guard_resizes_to_the_live_model_exactly():
+    """The guard's target is the live model's row count: a checkpoint padded to 1024 rows loads into a model
+    built with 1000 (the rows the fit rule would keep for a repair are not the model's)."""
+    assert target_rows(1000, 1024, exact=True) == (1000, "rows: 1000 for 1000 tokens (padding rule: the live model's row count)")

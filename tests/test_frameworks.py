@@ -124,8 +124,10 @@ def _nano_step(model: _NanoGPT, opt, vocab: int, seed: int) -> float:
     return float(loss.detach())
 
 
-@pytest.mark.parametrize("new", [NEW, VOCAB - 11])
-def test_nanogpt_checkpoint_repairs_and_resumes_with_init_from_resume(tmp_path, new):
+# 11 fewer tokens fit the 203 rows model_args records (fit rule: reserved by the recorded size): repair keeps
+# the model's size by default (issue #16) and shrinks to one row per token with --pad-to 1.
+@pytest.mark.parametrize("new, pad_to, rows", [(NEW, None, NEW), (VOCAB - 11, None, VOCAB), (VOCAB - 11, 1, VOCAB - 11)])
+def test_nanogpt_checkpoint_repairs_and_resumes_with_init_from_resume(tmp_path, new, pad_to, rows):
     model_args = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, bias=False, vocab_size=VOCAB, dropout=0.0)
     torch.manual_seed(0)
     model = _NanoGPT(**model_args)
@@ -136,13 +138,16 @@ def test_nanogpt_checkpoint_repairs_and_resumes_with_init_from_resume(tmp_path, 
                 "iter_num": 1, "best_val_loss": 9.9, "config": {"learning_rate": 1e-3, "batch_size": 2}}, src)
     tok = word_level_tokenizer(tmp_path / "tok.json", new)
     out = tmp_path / "fixed.pt"
-    ckptfix.repair(str(src), str(tok), str(out))
+    result = ckptfix.repair(str(src), str(tok), str(out), pad_to_multiple_of=pad_to).to_json()
+    if rows == VOCAB:  # the model's size kept: nothing to change, nothing written; the checkpoint resumes as is
+        assert result["output"] is None and not out.exists()
+        out = src
 
     # train.py, init_from='resume'
     checkpoint = torch.load(out, map_location="cpu", weights_only=True)
     args = {k: checkpoint["model_args"][k] for k in ("n_layer", "n_head", "n_embd", "block_size", "bias",
                                                      "vocab_size")}
-    assert args["vocab_size"] == new
+    assert args["vocab_size"] == rows
     resumed = _NanoGPT(**args)
     resumed.load_state_dict(checkpoint["model"])
     opt2 = resumed.configure_optimizers(0.1, 1e-3)

@@ -183,6 +183,20 @@ def test_vocab_mismatch_remap_resizes_weights_and_moments(saved):
     assert decreasing(losses) and guard.probe.problems == []
 
 
+def test_padded_checkpoint_resizes_to_the_live_models_rows(tmp_path):
+    """A checkpoint padded to 1024 rows (pad_to_multiple_of=64) into a model built with len(tokenizer) = 1000:
+    the guard resizes to the model's 1000 rows, not to the 1024 a repair's padding rule would keep."""
+    padded = save_checkpoint(train(new_run(1024), 3), tmp_path / "padded.pth")
+    run = fresh_run()
+    guard = ResumeGuard(run.model, run.optimizer, run.scheduler, run.scaler, tokenizer=V_NEW, policy="remap")
+    with pytest.warns(TrainingSetupWarning, match="CKF825"):
+        report = guard.load(padded)
+    assert any("resized text_embedding.weight [1024, 16] -> [1000, 16]" in a for a in report.actions)
+    assert any("padding rule: the live model's row count" in n for n in report.notes)
+    saved_w = read_checkpoint(padded).model["text_embedding.weight"].to_torch()
+    assert torch.equal(run.model.text_embedding.weight.detach(), saved_w[:V_NEW])
+
+
 def test_vocab_mismatch_fresh_optimizer_rewarms_the_lr(saved):
     run = fresh_run()
     guard = ResumeGuard(run.model, run.optimizer, run.scheduler, run.scaler, tokenizer=V_NEW,

@@ -408,3 +408,24 @@ def test_whisper_checkpoints_inspect_clean_against_folder_and_tiktoken(whisper_f
     for tokenizer in whisper_folders[name]:
         report = inspect(tmp_path, tokenizer)
         assert sorted(f.code for f in report.findings) == codes and report.exit_code == 0, (tokenizer, report.findings)
+
+
+# repair's default row count against GPT-2's real encoder.json: the model's size is kept (a nanoGPT-style
+# padding to 64, GPT-J's config-recorded 50400), one row per token where nothing shows a padding; the
+# output names the padding rule.
+REPAIR_ROWS = [(50304, None, 50304, "the model's size (padded to a multiple of 64)"),
+               (50400, 50400, 50400, "the model's size, its config's vocab_size 50400"),
+               (50256, None, 50257, "one row per token")]
+
+
+@pytest.mark.parametrize("rows, config_vocab, target, rule", REPAIR_ROWS)
+def test_repair_keeps_the_models_padding_and_says_so(tmp_path, rows, config_vocab, target, rule):
+    import ckptfix
+
+    entry = next(e for e in corpus.ENTRIES if e.name == "gpt2-encoder")
+    tokenizer = _cached(entry)
+    shaped = corpus.Entry(entry.name, entry.package, entry.members, entry.format, entry.size, "GPT-2", rows,
+                          config_vocab)
+    result = ckptfix.repair(_save(_real_model(shaped), shaped, tmp_path), tokenizer, None, dry_run=True).to_json()
+    assert result["target_rows"] == target
+    assert f"for 50257 tokens (padding rule: {rule}" in result["notes"][0]

@@ -341,7 +341,7 @@ def _vocab_plan(ckpt: Any, analysis: Any, names: list[str], live: Live, keys: di
     try:
         tok = live.tokenizer
         target = _Target(targets.pop(), tok.path if tok is not None else "<live model>", tok)
-        plan = make_plan(analysis, target, live.from_tokenizer, policy=policy, format_notes=False)
+        plan = make_plan(analysis, target, live.from_tokenizer, policy=policy, format_notes=False, exact_rows=True)
     except CkptfixError as exc:
         return None, str(exc)
     return plan, ""

@@ -146,11 +146,12 @@ def default_init(tokenizer: Any, from_tokenizer: Any) -> str:
 
 def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str | None = None,
               init: str | None = None, std: float = 0.02, pad_to_multiple_of: int | None = None,
-              keep_ids: bool = False, format_notes: bool = True) -> RepairPlan:
+              keep_ids: bool = False, format_notes: bool = True, exact_rows: bool = False) -> RepairPlan:
     """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer.
 
     Every note of a repair is decided here, so `--dry-run` shows it: the format's own (`Format.notes`
     in `ckptfix.formats.FORMATS`) too, unless `format_notes` is off (the guard resizes in memory).
+    `exact_rows` (the guard): the tokenizer's size is the live model's row count, the target as it is.
 
     Rows follow their token: by token string from the old tokenizer when it is known (`from_tokenizer`,
     else the report's: a ckptfix record's or an HF folder's own), by id otherwise (or with `keep_ids`),
@@ -181,7 +182,8 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     rows = max(v.rows for v in vocab)
     target, why = target_rows(tokenizer.size, rows, pad_to=pad_to_multiple_of,
                               config_vocab=rows if rows in recorded_rows(ckpt.extras) else None,
-                              old_tokens=from_tokenizer.size if from_tokenizer is not None else None)
+                              old_tokens=from_tokenizer.size if from_tokenizer is not None else None,
+                              exact=exact_rows)
     plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
                       findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by)
     plans: dict[int, RowPlan] = {}
