@@ -1,17 +1,20 @@
 """Repair cost on large sharded folders: does it grow with the vocab tensors, not the checkpoint?
 
-Builds, under --root (default /tmp/h20-sharded/bench), two synthetic folders of about --gb GB each:
+Builds, under --root (default /tmp/ckptfix-bench-sharded), two synthetic folders of about --gb GB each:
 - a DCP folder as 8 FSDP ranks write it (`__<rank>_0.distcp`, every tensor in 8 row pieces, written by
   `dcp.save` per rank and one `.metadata` built from DCP's own types), model + AdamW state
   (exp_avg, exp_avg_sq, step) for an embedding, an untied head and N square layers;
 - an HF sharded safetensors folder (`model-0000k-of-0000n.safetensors` + index, ~1 GB shards, the
   embedding in the first shard and the head in the last, as `save_pretrained` places them).
-The vocab tensors (with their moments) are a few % of the bytes. For each folder it times, cold (source
-pages dropped with POSIX_FADV_DONTNEED after a sync) and warm: `cp -r SRC DST && sync`, `ckptfix repair
-SRC -o OUT` (default mode) and `ckptfix repair SRC --in-place` (then `ckptfix restore`), and reads the bytes
-each ckptfix run wrote from its /proc/self/io. Everything it builds is deleted at the end.
+The vocab tensors (with their moments) are a few % of the bytes. For each folder, in --rounds rounds of
+(cold, warm), it times from the same cache state: `cp -r SRC DST` + sync, `ckptfix repair SRC -o OUT`
+(default mode) + sync and `ckptfix repair SRC --in-place` + sync (then `ckptfix restore`), each ckptfix
+run a fresh interpreter timed from outside, and reads the bytes each run wrote from its /proc/self/io.
+Cold: the page cache dropped (/proc/sys/vm/drop_caches, as root) after a sync, else the source's pages
+dropped with POSIX_FADV_DONTNEED; warm: the source read once just before. It prints each round, the
+load average, and a markdown table of medians (the README's). Everything it builds is deleted at the end.
 
-    nice -n 10 python bench/sharded.py --gb 16
+    python bench/sharded.py --gb 16 --rounds 3
 """
 
 from __future__ import annotations
@@ -145,8 +148,16 @@ def folder_bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(folder) for n in ns)
 
 
-def drop_cache(*folders: str) -> None:
+def drop_cache(*folders: str) -> str:
+    """Cold cache: the whole page cache dropped (`/proc/sys/vm/drop_caches`, needs root) after a sync,
+    else the folders' pages dropped with POSIX_FADV_DONTNEED. Returns which was done."""
     os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        pass
     for folder in folders:
         for root, _, names in os.walk(folder):
             for n in names:
@@ -155,38 +166,42 @@ def drop_cache(*folders: str) -> None:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 finally:
                     os.close(fd)
+    return "fadvise"
 
 
-def warm(folder: str) -> None:
+def warm(folder: str) -> str:
     for root, _, names in os.walk(folder):
         for n in names:
             with open(os.path.join(root, n), "rb") as f:
                 while f.read(1 << 24):
                     pass
+    return "read"
 
 
 _RUN = """
-import json, sys, time
+import json, sys
 sys.argv = ["ckptfix"] + json.loads(sys.argv[1])
 from ckptfix.cli import main
-t = time.perf_counter()
 try:
     main(sys.argv[1:])
 except SystemExit as e:
     assert not e.code, e.code
-wall = time.perf_counter() - t
 io = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
-print("BENCH", json.dumps({"wall": wall, "write_bytes": int(io["write_bytes"]), "read_bytes": int(io["read_bytes"])}))
+print("BENCH", json.dumps({"write_bytes": int(io["write_bytes"]), "read_bytes": int(io["read_bytes"])}))
 """
 
 
 def ckptfix(*args: str) -> dict:
-    """One ckptfix command in a fresh interpreter; its wall time (inside) and bytes written/read (/proc/self/io)."""
+    """One ckptfix command in a fresh interpreter, then `sync` (as for cp -r): its wall time, measured
+    outside (interpreter start and imports included), and the bytes it wrote (/proc/self/io)."""
+    t = time.perf_counter()
     out = subprocess.run([sys.executable, "-c", _RUN, json.dumps(list(args))], capture_output=True, text=True,
                          check=True).stdout
+    os.sync()
+    wall = time.perf_counter() - t
     line = next(ln for ln in out.splitlines() if ln.startswith("BENCH "))
     notes = [ln.strip() for ln in out.splitlines() if "copied" in ln or "in place" in ln]
-    return {**json.loads(line[6:]), "notes": notes}
+    return {**json.loads(line[6:]), "wall": wall, "notes": notes}
 
 
 def cp_r(src: str, dst: str) -> float:
@@ -196,38 +211,54 @@ def cp_r(src: str, dst: str) -> float:
     return time.perf_counter() - t
 
 
-def measure(name: str, src: str, tok: str, root: str) -> list[dict]:
-    size = folder_bytes(src)
-    rows = []
-    for cache in ("cold", "warm"):
-        dst = os.path.join(root, "cp-copy")
-        (drop_cache if cache == "cold" else warm)(src)
-        cp_time = cp_r(src, dst)
-        shutil.rmtree(dst)
-        os.sync()
-        out = os.path.join(root, "fixed")
-        (drop_cache if cache == "cold" else warm)(src)
-        default = ckptfix("repair", src, "-t", tok, "-o", out)
-        shutil.rmtree(out)
-        os.sync()
-        (drop_cache if cache == "cold" else warm)(src)
-        inplace = ckptfix("repair", src, "-t", tok, "--in-place")
-        undo = ckptfix("restore", src)
-        for mode, r in (("default (-o)", default), ("--in-place", inplace)):
-            rows.append({"folder": name, "cache": cache, "bytes": size, "mode": mode, "wall_s": r["wall"],
-                         "cp_r_s": cp_time, "vs_cp": r["wall"] / cp_time, "written": r["write_bytes"],
-                         "written_frac": r["write_bytes"] / size, "notes": r["notes"]})
-        rows.append({"folder": name, "cache": cache, "mode": "restore", "wall_s": undo["wall"],
-                     "written": undo["write_bytes"]})
-        print(json.dumps(rows[-3:], indent=1), flush=True)
+def one_round(name: str, src: str, tok: str, root: str, cache: str) -> list[dict]:
+    """cp -r, the default mode and --in-place (then restore), each from the same cache state."""
+    size, rows = folder_bytes(src), []
+    prepare = drop_cache if cache == "cold" else warm
+    dst = os.path.join(root, "cp-copy")
+    how = prepare(src)
+    cp_time = cp_r(src, dst)
+    shutil.rmtree(dst)
+    out = os.path.join(root, "fixed")
+    prepare(src)
+    default = ckptfix("repair", src, "-t", tok, "-o", out)
+    shutil.rmtree(out)
+    prepare(src)
+    inplace = ckptfix("repair", src, "-t", tok, "--in-place")
+    undo = ckptfix("restore", src)
+    for mode, r in (("cp -r", {"wall": cp_time, "write_bytes": size, "notes": []}), ("default (-o)", default),
+                    ("--in-place", inplace), ("restore", undo)):
+        rows.append({"folder": name, "cache": cache, "how": how, "bytes": size, "mode": mode, "wall_s": r["wall"],
+                     "cp_r_s": cp_time, "vs_cp": r["wall"] / cp_time, "written": r["write_bytes"],
+                     "written_frac": r["write_bytes"] / size, "notes": r["notes"]})
     return rows
+
+
+def table(results: list[dict]) -> str:
+    """Markdown: per folder, cache and mode, the median over rounds (min-max) of wall time and of the
+    ratio to the same round's cp -r, and the share of the folder's bytes written."""
+    from statistics import median
+
+    lines = ["| folder | cache | mode | wall s, median (min-max) | vs cp -r, median (min-max) | bytes written |",
+             "|---|---|---|---|---|---|"]
+    keys = sorted({(r["folder"], r["cache"], r["mode"]) for r in results},
+                  key=lambda k: (k[0], k[1], ["cp -r", "default (-o)", "--in-place", "restore"].index(k[2])))
+    for folder, cache, mode in keys:
+        rs = [r for r in results if (r["folder"], r["cache"], r["mode"]) == (folder, cache, mode)]
+        walls, ratios = [r["wall_s"] for r in rs], [r["vs_cp"] for r in rs]
+        frac = median(r["written_frac"] for r in rs)
+        lines.append(f"| {folder} ({rs[0]['bytes'] / 1e9:.1f} GB) | {cache} | {mode} | {median(walls):.1f} "
+                     f"({min(walls):.1f}-{max(walls):.1f}) | {median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) "
+                     f"| {100 * frac:.1f}% |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gb", type=float, default=16.0)
-    parser.add_argument("--root", default="/tmp/h20-sharded/bench")
+    parser.add_argument("--root", default="/tmp/ckptfix-bench-sharded")
     parser.add_argument("--only", choices=["dcp", "hf"], default=None)
+    parser.add_argument("--rounds", type=int, default=3, help="round-robin repeats (cold, warm, cold, ...)")
     args = parser.parse_args()
     os.makedirs(args.root, exist_ok=False)
     try:
@@ -241,8 +272,22 @@ def main() -> None:
             t = time.perf_counter()
             build(src, args.gb)
             print(f"built {name}: {folder_bytes(src) / 1e9:.2f} GB in {time.perf_counter() - t:.0f} s", flush=True)
-            results += measure(name, src, tok, args.root)
+            for k in range(args.rounds):
+                for cache in ("cold", "warm"):
+                    load = os.getloadavg()[0]
+                    rows = one_round(name, src, tok, args.root, cache)
+                    for r in rows:
+                        r["load"] = load
+                    results += rows
+                    print(f"round {k + 1} {name} {cache} (load {load:.1f}): " + ", ".join(
+                        f"{r['mode']} {r['wall_s']:.1f} s ({r['vs_cp']:.2f}x, {100 * r['written_frac']:.1f}%)"
+                        for r in rows), flush=True)
+            print(rows[1]["notes"], rows[2]["notes"], flush=True)
             shutil.rmtree(src)
+        loads = [r["load"] for r in results]
+        print(f"\nload average (1 min) at the start of each round: {min(loads):.1f}-{max(loads):.1f} "
+              f"on {os.cpu_count()} CPUs")
+        print(table(results))
         print("RESULTS", json.dumps(results))
     finally:
         shutil.rmtree(args.root, ignore_errors=True)

@@ -73,6 +73,14 @@ class TensorInfo:
         so those come as their raw bits (uint16 / uint8). No copy for any dtype."""
         return _read_numpy(self)
 
+    def read_dtype(self) -> Any:
+        """The numpy dtype `read_stored` returns (bfloat16/float8 as their bits)."""
+        return NUMPY_DTYPES[self.dtype]
+
+    def read_rows_into(self, dst: np.ndarray) -> None:
+        """Copy rows 0..len(dst)-1, as stored, into `dst` (one copy, no temporary)."""
+        dst[...] = self.read_stored()[:dst.shape[0]]
+
     def to_torch(self):
         """The values as a torch tensor backed by a private copy-on-write map of the file."""
         if self.dtype in QUANTIZED_DTYPES:  # the integers alone would load as wrong values

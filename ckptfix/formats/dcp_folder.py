@@ -535,17 +535,26 @@ class ShardedTensor(TensorInfo):
     item: Item | None = None
 
     def read_stored(self) -> np.ndarray:
-        assert self.item is not None
         out: np.ndarray = np.empty(self.shape, dtype=NUMPY_DTYPES[self.dtype])
-        folder = os.path.dirname(self.item.blobs[0][0])
+        self.read_rows_into(out)
+        out.flags.writeable = False
+        return out
+
+    def read_rows_into(self, dst: np.ndarray) -> None:
+        """Rows 0..len(dst)-1: each piece's part in that range is copied from its mapped record straight
+        into place (one memcpy per piece; pieces wholly outside are not read)."""
+        assert self.item is not None
+        folder, rows = os.path.dirname(self.item.blobs[0][0]), dst.shape[0]
         for offsets, sizes in self.item.pieces:
+            if offsets[0] >= rows:
+                continue
             blob = self.item.blob_for(offsets)
             if blob is None:
                 raise UnreadableCheckpoint(f"{folder}: no stored record for a piece of {self.item.fqn!r}")
-            piece = _record_tensor(folder, self.item.fqn, sizes, self.dtype, blob)
-            out[tuple(slice(o, o + n) for o, n in zip(offsets, sizes))] = piece.read_stored()
-        out.flags.writeable = False
-        return out
+            piece = _record_tensor(folder, self.item.fqn, sizes, self.dtype, blob).read_stored()
+            take = min(sizes[0], rows - offsets[0])
+            where = (slice(offsets[0], offsets[0] + take),) + tuple(slice(o, o + n) for o, n in zip(offsets[1:], sizes[1:]))
+            dst[where] = piece[:take]
 
     def to_torch(self):
         return stored_to_torch(self.read_stored().copy(), self.dtype)

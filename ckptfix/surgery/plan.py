@@ -54,14 +54,31 @@ class TensorEdit:
     def produce(self, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
         """The rewritten tensor as stored (numpy, contiguous; bfloat16 as its bits), computed from a view
         of the mapped source. Only this tensor is held while it is written."""
+        fill_kind = fill_for(init, self.moment_key, self.role, self.tied)
+        keep = self.plan.prefix_rows()
+        if keep is not None and not (self.role == "head-bias" and len(self.source.shape) == 2):
+            return self._produce_prefix(keep, fill_kind, std, rng)
         old = self.source.read_stored()
         transposed = self.role == "head-bias" and old.ndim == 2
         if transposed:
             old = old.reshape(-1)
-        fill_kind = fill_for(init, self.moment_key, self.role, self.tied)
         fill = new_rows_for(old, self.source.dtype, self.plan, fill_kind, std, rng)
         out = apply_plan(old, self.plan, fill)
         return out.reshape(self.new_shape) if transposed else out
+
+    def _produce_prefix(self, keep: int, fill_kind: str, std: float, rng: np.random.Generator) -> np.ndarray:
+        """`produce` when the output is the source's rows 0..keep-1 then new rows: the kept rows are read
+        straight into the output (one copy; a sharded source's pieces land in place, never assembled
+        first) and the new rows' statistics come from that copy (all old rows, when rows are added)."""
+        src = self.source
+        if not src.shape or src.shape[0] != self.plan.old_rows:
+            raise RepairError(f"{self.name}: {src.shape[0] if src.shape else 0} rows but the plan expects "
+                              f"{self.plan.old_rows}")
+        out = np.empty(self.new_shape, dtype=src.read_dtype())
+        src.read_rows_into(out[:keep])
+        if self.plan.new_rows > keep:  # rows added: keep == old_rows, every old row is in out[:keep]
+            out[keep:] = new_rows_for(out[:keep], src.dtype, self.plan, fill_kind, std, rng)
+        return out
 
     def produce_torch(self, init: str, std: float, rng: np.random.Generator) -> Any:
         """`produce` as a torch tensor (for writers and the guard that hand tensors to torch)."""

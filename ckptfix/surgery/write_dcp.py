@@ -34,13 +34,16 @@ import inspect
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ckptfix.checkpoint import stored_to_torch
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout, Item
@@ -68,14 +71,19 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
         return _write_in_place(plan, layout, edits, record_fn)
     src = plan.ckpt.path
     backup = backup_path(out) if in_place and os.path.exists(out) else None
-    with atomic_folder(out, backup=in_place) as tmp:
+    referenced = _still_referenced(layout, edits, src)
+    with atomic_folder(out, backup=in_place) as tmp, ThreadPoolExecutor(1) as pool:
+        # The unchanged data files are copied (in the kernel) while the changed tensors are computed and
+        # saved: the repair then takes about as long as the copy alone. Leaving the `with` waits for it.
+        copying = pool.submit(clone_files, [(os.path.join(src, name), os.path.join(tmp, name))
+                                            for name in referenced])
         new_file = _save_changed(edits, tmp, _new_data_name(src))
         metadata = merged_metadata(layout, edits, new_file, tmp, src)
-        referenced = sorted({info.relative_path for info in metadata.storage_data.values()} - {new_file})
-        extras = _other_files(src)
-        method = clone_files([(os.path.join(src, name), os.path.join(tmp, name)) for name in referenced])
-        for name in extras:  # links stay links, never followed out of the folder; FIFOs refused
+        if {info.relative_path for info in metadata.storage_data.values()} - {new_file} != set(referenced):
+            raise RepairError("the merged .metadata names other data files than were copied; nothing written")
+        for name in _other_files(src):  # links stay links, never followed out of the folder; FIFOs refused
             copy_input_entry(os.path.join(src, name), os.path.join(tmp, name), src)
+        method = copying.result()
         plan.notes.append(f"DCP: {len(referenced)} data file(s) copied ({method}); changed tensors written to "
                           f"{new_file}")
         _write_metadata(metadata, os.path.join(tmp, METADATA_FILE))
@@ -114,7 +122,7 @@ def plan_edits(plan: RepairPlan, layout: DcpLayout, rng: np.random.Generator) ->
         edit = plan.weights.get(plan.ckpt.tied.get(name, name))
         if edit is not None:
             if edit.name not in produced:  # a tied head gets the very same values as its embedding
-                produced[edit.name] = edit.produce_torch(plan.init, plan.std, rng)
+                produced[edit.name] = _Produce(edit, plan, rng)
             edits.writes[fqn] = (layout.items[fqn].path, produced[edit.name])
     missing = [n for n in plan.weights if layout.model_items.get(n) not in edits.writes]
     if missing:
@@ -126,10 +134,33 @@ def plan_edits(plan: RepairPlan, layout: DcpLayout, rng: np.random.Generator) ->
             moment_fqn = layout.moment_items.get(key)
             if moment_fqn is None or moment_fqn not in layout.items:
                 raise RepairError(f"{plan.ckpt.path}: cannot find the DCP item of {edit.name}; nothing written")
-            edits.writes[moment_fqn] = (layout.items[moment_fqn].path, edit.produce_torch(plan.init, plan.std, rng))
+            edits.writes[moment_fqn] = (layout.items[moment_fqn].path, _Produce(edit, plan, rng))
     if plan.reset_scheduler:
         _plan_scheduler_reset(plan, layout, edits)
     return edits
+
+
+class _Produce:
+    """A changed tensor, computed (as stored, numpy) when it is saved, so copying can start first;
+    computed once, shared by a tied head and its embedding."""
+
+    def __init__(self, edit: Any, plan: RepairPlan, rng: np.random.Generator):
+        self.edit, self.plan, self.rng = edit, plan, rng
+        self.value: np.ndarray | None = None
+
+    def __call__(self) -> np.ndarray:
+        if self.value is None:
+            self.value = self.edit.produce(self.plan.init, self.plan.std, self.rng)
+        return self.value
+
+    def torch(self) -> Any:
+        return stored_to_torch(self(), self.edit.source.dtype)
+
+
+def _still_referenced(layout: DcpLayout, edits: DcpEdits, source: str) -> list[str]:
+    """The source's data files that items kept as they are point into (copied to a new folder)."""
+    kept = (item for fqn, item in layout.items.items() if fqn not in edits.removes and fqn not in edits.writes)
+    return sorted({os.path.relpath(blob[0], source) for item in kept for blob in item.blobs})
 
 
 def _optimizer_state_items(layout: DcpLayout) -> set[str]:
@@ -176,13 +207,21 @@ def _new_data_name(*folders: str) -> str:
 
 def _save_changed(edits: DcpEdits, folder: str, name: str) -> str:
     """`dcp.save` the changed items (nested as in the source) into `folder/name`; returns `name`."""
-    import torch.distributed.checkpoint as dcp
-
     if not edits.writes:
         return name
+    # torch.distributed.checkpoint takes ~2 s to import: a worker imports it while this thread computes
+    # the changed tensors (numpy; the copies and page faults run without the GIL).
+    importer = threading.Thread(target=_import_dcp, daemon=True)
+    importer.start()
+    for _, value in edits.writes.values():  # in plan order: the rng draws stay the same
+        if isinstance(value, _Produce):
+            value()
+    importer.join()
+    import torch.distributed.checkpoint as dcp  # done by the worker; raises here if it failed
+
     tree: dict = {}
     for path, value in edits.writes.values():
-        dcp_folder.insert_at(tree, path, value)
+        dcp_folder.insert_at(tree, path, value.torch() if isinstance(value, _Produce) else value)
     scratch = tempfile.mkdtemp(prefix=".dcp-save", dir=folder)
     try:
         single = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
@@ -197,6 +236,13 @@ def _save_changed(edits: DcpEdits, folder: str, name: str) -> str:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return name
+
+
+def _import_dcp() -> None:
+    try:
+        import torch.distributed.checkpoint  # noqa: F401
+    except Exception:  # noqa: BLE001 - the main thread's own import reports it
+        pass
 
 
 def merged_metadata(layout: DcpLayout, edits: DcpEdits, new_file: str, folder: str, source: str):

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
 import numpy as np
@@ -25,6 +26,7 @@ from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer, edit_scaler
 from ckptfix.untrusted import load_json_file
 
+TRAINING_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "config.json")  # `_rewrite_training_file`'s
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "spiece.model", "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")
 
@@ -65,18 +67,26 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
     edited_files = {plan.ckpt.model[name].locate().file for name in plan.weights}
     backup = backup_path(out) if in_place and os.path.exists(out) else None
     copied: dict[str, int] = {}
-    with atomic_folder(out, backup=in_place) as tmp:
-        for name in sorted(os.listdir(source)):
-            src, dst = os.path.join(source, name), os.path.join(tmp, name)
-            if name in TOKENIZER_FILES or name == "ckptfix.json":
+    edited = {os.path.realpath(p) for p in edited_files}
+    with atomic_folder(out, backup=in_place) as tmp, ThreadPoolExecutor(1) as pool:
+        names = [n for n in sorted(os.listdir(source)) if n not in TOKENIZER_FILES and n != "ckptfix.json"]
+        # Entries no repair rewrites are copied (in the kernel) by a worker while the vocab shards are
+        # rewritten: the repair takes about as long as the copy alone. Leaving the `with` waits for it.
+        plain = [n for n in names if os.path.realpath(os.path.join(source, n)) not in edited and n not in TRAINING_FILES]
+        copies = pool.submit(_copy_entries, source, tmp, plain)
+        for name in names:
+            if name in plain:
                 continue
-            if os.path.realpath(src) in {os.path.realpath(p) for p in edited_files}:
+            src, dst = os.path.join(source, name), os.path.join(tmp, name)
+            if os.path.realpath(src) in edited:
                 _rewrite_weights(plan, src, dst, rng, progress)
             elif not (os.path.isfile(src) and _rewrite_training_file(plan, name, src, dst, rng, progress)):
                 for method in copy_input_entry(src, dst, source):  # links stay links, never followed out
                     copied[method] = copied.get(method, 0) + 1
             if os.path.isfile(dst) and not os.path.islink(dst):  # a rewritten file keeps its source's mode
                 shutil.copymode(src, dst)
+        for method, n in copies.result().items():
+            copied[method] = copied.get(method, 0) + n
         _write_recipe_state(plan, tmp, rng, progress)
         if copied:
             plan.notes.append("unchanged files copied: " + ", ".join(f"{m} x{n}" for m, n in copied.items()))
@@ -85,6 +95,15 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
         with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
             f.write(record_json(record_fn()))
     return backup
+
+
+def _copy_entries(source: str, folder: str, names: list[str]) -> dict[str, int]:
+    """Copy the entries `names` of `source` into `folder` as they are; how many by each method."""
+    copied: dict[str, int] = {}
+    for name in names:
+        for method in copy_input_entry(os.path.join(source, name), os.path.join(folder, name), source):
+            copied[method] = copied.get(method, 0) + 1  # links stay links, never followed out
+    return copied
 
 
 def _rewrite_weights(plan: RepairPlan, src: str, dst: str, rng: np.random.Generator, progress: Progress | None) -> None:
