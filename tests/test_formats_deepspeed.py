@@ -174,3 +174,45 @@ def test_wrong_typed_partition_fields_are_one_line_exit_2(ds_dir, tmp_path, fiel
     torch.save(tree, optim)
     r = mc.run_batch([{"id": 0, "argv": ["inspect", str(src)]}], cwd=tmp_path)[0]
     assert (r["code"], r["stderr"].strip()) == (2, f"ckptfix: error: {optim}: {message}")
+
+
+def test_the_hinted_conversion_runs_and_its_output_repairs(ds_dir, tmp_path):
+    """The command repair_unsupported prints, run as printed (DeepSpeed's ds_to_universal on the bf16 ZeRO-1
+    save), gives a folder `ckptfix repair` rewrites: the rows of `0.weight`/`0.bias` (8 -> 9, as a vocab
+    would) in the fp32 and moment files, and in the bf16 `module` as the new fp32 values cast to bf16;
+    `param_shapes` keeps torch.Size values. (Resuming it with DeepSpeed: test_repair_deepspeed_universal.)"""
+    import re
+    import shlex
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    from ckptfix.cli import main
+
+    src = tmp_path / "bf16"
+    shutil.copytree(ds_dir / "bf16", src)
+    message = deepspeed_folder.repair_unsupported(str(src))
+    command = shlex.split(re.search(r"python -m (deepspeed\S+ .*?--inject_missing_state)", message).group(1))
+    subprocess.run([sys.executable, "-m", *command], check=True, capture_output=True,
+                   env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    universal = src / "global_step3_universal"
+    assert f"ckptfix repair {universal}" in message
+    tok = tmp_path / "tok.json"
+    Tokenizer(models.WordLevel({f"t{i}": i for i in range(9)}, unk_token="t0")).save(str(tok))
+    main(["repair", str(universal), "-t", str(tok), "-o", str(tmp_path / "fixed")])
+    truth = torch.load(ds_dir / "bf16_truth.pt")
+    fixed = read_checkpoint(tmp_path / "fixed")
+    assert fixed.format == "deepspeed-universal"
+    for name in ("0.weight", "0.bias"):
+        assert fixed.model[name].shape[0] == 9
+        np.testing.assert_array_equal(fixed.model[name].read()[:8], truth[name]["fp32"].numpy())
+        for key in ("exp_avg", "exp_avg_sq"):
+            np.testing.assert_array_equal(fixed.optimizer.state[name].tensors[key].read()[:8], truth[name][key].numpy())
+        assert fixed.optimizer.state[name].step == 3.0
+    states = torch.load(tmp_path / "fixed" / "mp_rank_00_model_states.pt", weights_only=False)
+    for name in ("0.weight", "0.bias"):
+        fp32 = torch.from_numpy(fixed.model[name].read().copy())
+        assert states["module"][name].dtype == torch.bfloat16 and states["module"][name].shape[0] == 9
+        assert torch.equal(states["module"][name], fp32.to(torch.bfloat16))
+    shapes = states["param_shapes"][0]
+    assert type(shapes["0.weight"]) is torch.Size and shapes["0.weight"] == (9, 4) and shapes["2.weight"] == (2, 8)

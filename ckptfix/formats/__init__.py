@@ -62,6 +62,9 @@ FORMATS: tuple[Format, ...] = (
     Format("composer", None, "torch_file:read", "write_torch:write_torch_checkpoint"),
     Format("dcp", "dcp_folder:sniff", "dcp_folder:read", "write_dcp:write_dcp_folder", folder=True,
            notes="write_dcp:plan_notes"),
+    # before deepspeed: a universal folder also holds a *model_states.pt
+    Format("deepspeed-universal", "deepspeed_universal:sniff", "deepspeed_universal:read",
+           "write_deepspeed:write_universal_folder", folder=True, notes="write_deepspeed:plan_notes"),
     Format("deepspeed", "deepspeed_folder:sniff", "deepspeed_folder:read", folder=True,
            refuse="deepspeed_folder:repair_unsupported"),
     # an adapter folder: repair rewrites its modules_to_save embedding/head copies

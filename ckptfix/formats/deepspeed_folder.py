@@ -22,7 +22,8 @@ allowlist is still refused unless `trust_pickle`.
 With one data-parallel partition, each parameter's moments (and, at ZeRO-3, its fp32 weights) are
 exact views into the flat partitions, so they read like any other format. With several partitions a
 parameter is spread over files: shapes, groups and flat sizes are reported, per-parameter values are
-not, and a full repair needs DeepSpeed's own universal-checkpoint conversion (`repair_unsupported`).
+not; repair goes through DeepSpeed's own universal-checkpoint conversion (`repair_unsupported` says how;
+`deepspeed_universal` reads the converted folder).
 """
 
 from __future__ import annotations
@@ -107,12 +108,13 @@ def repair_unsupported(path: str) -> str:
         tag_dir = resolve_tag(path)
     except UnreadableCheckpoint:
         tag_dir = os.path.join(path, "global_stepN")
-    return (f"{path}: DeepSpeed ZeRO checkpoint: ckptfix inspects it but cannot repair it, because parameters and "
-            "optimizer moments are flattened and partitioned across ranks. A full repair needs DeepSpeed's own "
-            f"universal-checkpoint tool: python -m deepspeed.checkpoint.ds_to_universal --input_folder {tag_dir} "
-            f"--output_folder {tag_dir.rstrip(os.sep)}_universal --inject_missing_state (engine.save_checkpoint "
-            "of a ZeRO-1/2 run records no universal_checkpoint_info: without that flag the tool stops), then resume with \"load_universal_checkpoint\": true "
-            "(for weights alone, zero_to_fp32.py in the checkpoint folder writes a consolidated state dict).")
+    universal = f"{tag_dir.rstrip(os.sep)}_universal"
+    return (f"{path}: DeepSpeed ZeRO checkpoint: parameters and optimizer moments are flattened and partitioned "
+            "across ranks, so ckptfix repairs DeepSpeed's universal layout instead. Convert it first: python -m "
+            f"deepspeed.checkpoint.ds_to_universal --input_folder {tag_dir} --output_folder {universal} "
+            "--inject_missing_state (engine.save_checkpoint of a ZeRO-1/2 run records no universal_checkpoint_info: "
+            f"without that flag the tool stops), then: ckptfix repair {universal} -t TOKENIZER -o OUT, and resume "
+            "with \"checkpoint\": {\"load_universal\": true} and engine.load_checkpoint(<OUT's folder>, tag=<OUT's name>)")
 
 
 def resolve_tag(path: str) -> str:
