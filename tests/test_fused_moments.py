@@ -92,21 +92,26 @@ transformers = pytest.importorskip("transformers")
 
 
 @pytest.mark.transformers
-@pytest.mark.parametrize("optim", ["adamw_torch_fused", "adamw_torch"])
+@pytest.mark.parametrize("optim", ["adamw_torch_fused", "adamw_torch", "foreach"])
 def test_the_hf_callback_stops_them_before_the_first_step(tmp_path, optim):
+    """adamw_torch_fused is AdamW(fused=True); adamw_torch on CPU the for-loop; `foreach` AdamW(foreach=True)
+    through the Trainer's optimizer_cls_and_kwargs."""
     from ckptfix.integrations.transformers import ResumeGuardCallback
+
+    custom = {"optimizer_cls_and_kwargs": (torch.optim.AdamW, {"lr": 1e-3, "foreach": True})} if optim == "foreach" else {}
 
     def trainer(vocab, out, steps, callbacks=()):
         torch.manual_seed(0)
         cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=vocab, n_positions=32,
                                       tie_word_embeddings=False)
         args = transformers.TrainingArguments(
-            output_dir=str(out), max_steps=steps, save_steps=3, report_to=[], use_cpu=True, optim=optim,
+            output_dir=str(out), max_steps=steps, save_steps=3, report_to=[], use_cpu=True,
+            optim="adamw_torch" if optim == "foreach" else optim,
             per_device_train_batch_size=4, learning_rate=1e-3, disable_tqdm=True, seed=0)
         ids = torch.randint(0, OLD, (16, 12), generator=torch.Generator().manual_seed(0))
         return transformers.Trainer(model=transformers.GPT2LMHeadModel(cfg), args=args,
                                     train_dataset=[{"input_ids": r, "labels": r} for r in ids],
-                                    callbacks=list(callbacks))
+                                    callbacks=list(callbacks), **custom)
 
     trainer(OLD, tmp_path / "run", 3).train()
     ckpt = tmp_path / "run" / "checkpoint-3"
@@ -123,6 +128,10 @@ def test_the_hf_callback_stops_them_before_the_first_step(tmp_path, optim):
     with pytest.raises(ResumeError, match="CKF822") as err:
         t.train(resume_from_checkpoint=str(broken))
     assert "ckptfix repair" in str(err.value) and t.state.global_step == 3  # no step was taken
+    flags = {k: t.optimizer.defaults.get(k) for k in ("fused", "foreach")}
+    assert flags == {"adamw_torch_fused": {"fused": True, "foreach": None},
+                     "adamw_torch": {"fused": None, "foreach": None},
+                     "foreach": {"fused": None, "foreach": True}}[optim], flags
     t = trainer(NEW, tmp_path / "resumed2", 6, [ResumeGuardCallback()])
     t.train(resume_from_checkpoint=str(fixed))  # the repaired folder passes and trains
     assert t.state.global_step == 6
@@ -132,7 +141,8 @@ lightning = pytest.importorskip("lightning")
 
 
 @pytest.mark.lightning
-def test_the_lightning_callback_stops_them_before_the_first_step(tmp_path):
+@pytest.mark.parametrize("impl", IMPLS, ids=["fused", "foreach"])
+def test_the_lightning_callback_stops_them_before_the_first_step(tmp_path, impl):
     from ckptfix.integrations.lightning import ResumeGuardCallback
 
     class Lit(lightning.LightningModule):
@@ -146,7 +156,7 @@ def test_the_lightning_callback_stops_them_before_the_first_step(tmp_path):
             return lm_loss(self.lm, batch[0])
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-3, fused=True)
+            return torch.optim.AdamW(self.parameters(), lr=1e-3, **impl)
 
     def fit(vocab, steps, ckpt_path=None, callbacks=()):
         torch.manual_seed(0)
@@ -163,5 +173,12 @@ def test_the_lightning_callback_stops_them_before_the_first_step(tmp_path):
     sd["state_dict"] = {f"lm.{k}": v for k, v in grown_weights(
         {k[3:]: v for k, v in sd["state_dict"].items()}).items()}
     torch.save(sd, tmp_path / "broken.ckpt")
-    with pytest.raises(ResumeError, match="CKF822"):
-        fit(NEW, 6, tmp_path / "broken.ckpt", [ResumeGuardCallback()])
+    steps_seen = []
+
+    class CountSteps(lightning.Callback):
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            steps_seen.append(trainer.global_step)
+
+    with pytest.raises(ResumeError, match="CKF822") as err:
+        fit(NEW, 6, tmp_path / "broken.ckpt", [ResumeGuardCallback(), CountSteps()])
+    assert "ckptfix repair" in str(err.value) and steps_seen == []  # the fix printed; no step was taken

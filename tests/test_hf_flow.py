@@ -51,6 +51,15 @@ def test_train_grow_repair_resume_twice_then_extend_a_finished_schedule(tmp_path
         assert t.state.global_step == 3 * (hop + 1) and callback.probe is not None and callback.probe.problems == []
         ckpt = tmp_path / f"run{hop}" / f"checkpoint-{3 * (hop + 1)}"  # the repaired folder's run saved again
 
+    # The repaired folder itself repaired again (its record and its own tokenizer name the rows): every Adam
+    # state kept, and the Trainer resumes from it through the guard.
+    again = ckptfix.repair(tmp_path / "fixed1", tmp_path / "tok2", tmp_path / "fixed1-again")
+    assert again.to_json()["optimizer_state"] == "remapped" and again.plan.changes[0]["kept"] == 302
+    callback = ResumeGuardCallback()
+    t = trainer(tmp_path / "tok2", tmp_path / "run-again", 6, callback)
+    t.train(resume_from_checkpoint=str(tmp_path / "fixed1-again"))
+    assert t.state.global_step == 6 and callback.probe is not None and callback.probe.problems == []
+
     # The final checkpoint of a finished schedule (linear decay to lr 0): inspect says info, and a longer
     # schedule resumes through the guard: CKF807 as information (issue 18 asks for this change; it was a
     # warning): the first step runs at lr 0, then it trains.

@@ -57,11 +57,13 @@ def train_tokenizer(
     model: str = "bpe",
     added: Iterable[str] = (),
     special: Iterable[str] = (),
+    base_special: Sequence[str] = ("[UNK]", "[PAD]"),
 ):
-    """A trained `tokenizers.Tokenizer` (bpe, wordpiece, unigram or wordlevel) plus added/special tokens."""
+    """A trained `tokenizers.Tokenizer` (bpe, wordpiece, unigram or wordlevel) plus added/special tokens.
+    `base_special` are trained in first (ids 0, 1, ...): more of them shift every learned token's id."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    base_special = ["[UNK]", "[PAD]"]
+    base_special = list(base_special)
     kinds = {
         "bpe": (models.BPE(unk_token="[UNK]"), trainers.BpeTrainer),
         "wordpiece": (models.WordPiece(unk_token="[UNK]"), trainers.WordPieceTrainer),

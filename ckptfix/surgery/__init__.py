@@ -175,9 +175,9 @@ def _writer_for_name(fmt: str, out: str, writer: Callable[..., str | None]) -> C
     never silently given other bytes (a .safetensors file that safetensors cannot open)."""
     name = out.lower().rstrip("/")
     if fmt in ("torch", "lightning") and name.endswith(".safetensors"):
-        raise RepairError(f"{out}: repair writes a {fmt} checkpoint as torch.save does (optimizer, schedule and "
-                          "all); a .safetensors name would promise a weights-only file repair does not write from it. Name "
-                          "the output .pth (or .ckpt)")
+        raise RepairError(f"{out}: repair writes this {fmt} checkpoint back as torch.save does; a .safetensors name "
+                          "would promise safetensors bytes, which repair writes only from a .safetensors input. Name "
+                          "the output .pth, .pt or .bin (or .ckpt)")
     if fmt == "safetensors" and name.endswith(_STATE_DICT_SUFFIXES):
         from ckptfix.surgery.write_torch import write_torch_from_safetensors
 
