@@ -338,6 +338,18 @@ def test_bert_mlm_head_biases_are_vocab_rows(tmp_path):
     assert [f.code for f in report.findings] == ["CKF101"] and report.exit_code == 1
 
 
+def test_bert_folder_saved_by_transformers_is_read_with_its_len(tmp_path):
+    """The real vocab.txt through transformers' BertTokenizer.save_pretrained (tokenizer.json +
+    tokenizer_config.json), and the vocab.txt alone in a folder: both read with len(tokenizer)."""
+    from transformers import AutoTokenizer, BertTokenizer
+
+    entry = next(e for e in corpus.ENTRIES if e.name == "bert-chinese-vocab")
+    vocab = _cached(entry)
+    BertTokenizer(vocab=str(vocab)).save_pretrained(tmp_path / "saved")
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "saved")) == entry.size
+    assert load_tokenizer(tmp_path / "saved").size == entry.size == load_tokenizer(vocab.parent).size
+
+
 # ------------------------------------------------------------------- Whisper's Hugging Face tokenizer folders
 
 
