@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -191,7 +193,9 @@ def test_composer_checkpoint_repairs_and_resumes(tmp_path):
              "timestamp": {"epoch": 0, "batch": 1, "sample": 2, "token": 20}, "rank_zero_seed": 17,
              "run_name": "tiny", "integrations": {"huggingface": hf_meta}, "metadata": {"world_size": 1}}
     src = tmp_path / "ep0-ba1-rank0.pt"
-    torch.save({"state": state, "rng": [{"python": None, "torch": torch.get_rng_state()}]}, src)
+    # composer/utils/reproducibility.py `get_rng_state()`, one dict per rank (all_gather_object)
+    rng = [{"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.random.get_rng_state()}]
+    torch.save({"state": state, "rng": rng}, src)
     tok = word_level_tokenizer(tmp_path / "tok.json", NEW)
 
     report = ckptfix.inspect(str(src), tokenizer=str(tok))
@@ -201,7 +205,15 @@ def test_composer_checkpoint_repairs_and_resumes(tmp_path):
     out = tmp_path / "fixed.pt"
     ckptfix.repair(str(src), str(tok), str(out))
 
-    ck = torch.load(out, weights_only=True)["state"]
+    # Composer loads with weights_only=False (its rng holds numpy arrays): the rng entries come back as saved
+    saved = torch.load(out, weights_only=False)
+    ck = saved["state"]
+    rng_back = saved["rng"][0]
+    assert rng_back["python"] == rng[0]["python"] and torch.equal(rng_back["torch"], rng[0]["torch"])
+    assert rng_back["numpy"][0] == "MT19937" and rng_back["numpy"][2:] == rng[0]["numpy"][2:]
+    assert rng_back["numpy"][1].dtype == rng[0]["numpy"][1].dtype and (rng_back["numpy"][1] == rng[0]["numpy"][1]).all()
+    np.random.set_state(rng_back["numpy"])  # reproducibility.load_rng_state
+    random.setstate(rng_back["python"])
     assert ck["integrations"]["huggingface"]["model"]["config"]["content"]["vocab_size"] == NEW
     resumed = _ComposerHF(_tiny_llama(NEW))
     resumed.load_state_dict(ck["model"], strict=True)  # State.load_model_state

@@ -26,7 +26,7 @@ import numpy as np
 from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.dtypes import DTYPE_SIZES, STORAGE_CLASS
 from ckptfix.errors import RepairError
-from ckptfix.formats.pickle_safe import OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype
+from ckptfix.formats.pickle_safe import OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype, global_name
 from ckptfix.formats.zipwriter import ZipWriter
 from ckptfix.progress import Progress
 
@@ -66,6 +66,38 @@ class _Global:
 
 
 _GLOBALS: dict[tuple[str, str], _Global] = {}
+
+
+def _named(qualname: str) -> _Global:
+    """A data class's global by its dotted name (every name in `data_globals.DATA_CLASSES` is module.name)."""
+    module, _, name = qualname.rpartition(".")
+    return _global(module, name)
+
+
+def _writable_data(obj: OpaqueObject) -> bool:
+    """Whether an inert record is a call of a known data class (numpy's `_reconstruct`/`scalar`/`dtype`, a
+    path, a datetime...) that the writer re-emits as read: the same global called with the same arguments,
+    then BUILD with the same state. Records with SETITEM/APPEND items or keyword arguments stay refused."""
+    from ckptfix.formats.data_globals import DATA_CALLS
+
+    return obj.called and obj.cls in DATA_CALLS and not obj.items and not obj.kwargs
+
+
+def _as_written(value: Any) -> Any:
+    """Arguments/state of a data record as the pickler writes them: tuples rebuilt with our stand-ins for
+    torch values and classes named by their global; records and tensors are handled by `reducer_override`."""
+    if isinstance(value, tuple):
+        return tuple(_as_written(v) for v in value)
+    if isinstance(value, TorchDtype):
+        return _global("torch", value.name)
+    name = global_name(value)
+    if name is not None:  # a class named as an argument (numpy.ndarray, for `_reconstruct`)
+        from ckptfix.formats.data_globals import DATA_CLASSES
+
+        if name not in DATA_CLASSES:
+            raise RepairError(f"the checkpoint names the global {name}, which ckptfix cannot write back")
+        return _named(name)
+    return value
 
 
 def _global(module: str, name: str) -> _Global:
@@ -131,6 +163,8 @@ class _Pickler(pickle._Pickler):
         if isinstance(obj, _Reduce):
             return obj.func, obj.args
         if isinstance(obj, OpaqueObject):
+            if _writable_data(obj):  # a numpy array/scalar/dtype, a path, a date: the same call, the same state
+                return (_named(obj.cls), _as_written(obj.args), _as_written(obj.state))
             raise RepairError(f"the checkpoint holds an object of class {obj.cls} that ckptfix read as an inert "
                               "record; it cannot be written back")
         return NotImplemented
