@@ -210,6 +210,13 @@ def quantized_vocab_tensors(ckpt: Checkpoint, vocab: list[VocabTensor]) -> list[
 def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
     """Why `ckptfix repair` would refuse this checkpoint's vocab tensors, decided from the model alone; inspect
     prints it instead of a repair command that would fail."""
+    import os
+
+    folder = os.path.dirname(ckpt.path)
+    if ckpt.format == "torch" and os.path.basename(ckpt.path) == "lit_model.pth" and \
+            os.path.isfile(os.path.join(folder, "model_config.yaml")):
+        return (f"{ckpt.path} is a litgpt checkpoint whose vocab size is recorded in the model_config.yaml "
+                f"beside it: inspect and repair the folder {folder or '.'} instead, so both change together")
     quantized = quantized_vocab_tensors(ckpt, vocab)
     if quantized:
         return (f"{quantized[0]} is a quantized vocab tensor ({ckpt.model[quantized[0]].dtype}"

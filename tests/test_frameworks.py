@@ -329,3 +329,122 @@ def test_lightning_hyper_parameters_follow_the_rows(tmp_path):
     ckptfix.repair(str(src), str(tok), str(out))
     module = Lit.load_from_checkpoint(out, weights_only=True)
     assert module.hparams.vocab_size == NEW and module.head.weight.shape == (NEW, 16)
+
+
+class _LitGPTVocab(torch.nn.Module):
+    """litgpt.model.GPT's vocab modules under its names (`transformer.wte`, `lm_head`, both padded_vocab_size
+    rows), for where litgpt is not installed (it pins a huggingface_hub older than transformers 5 needs)."""
+
+    def __init__(self, padded_vocab_size: int, n_embd: int = 32, **_):
+        super().__init__()
+        self.lm_head = torch.nn.Linear(n_embd, padded_vocab_size, bias=False)
+        self.transformer = torch.nn.ModuleDict({"wte": torch.nn.Embedding(padded_vocab_size, n_embd),
+                                                "ln_f": torch.nn.LayerNorm(n_embd)})
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.transformer["ln_f"](self.transformer["wte"](ids)))
+
+
+def _litgpt_parts():
+    """(build model from a model_config.yaml path, write model_config.yaml): litgpt's own `Config.from_file`,
+    `GPT` and `save_config` when importable, else the same steps written from litgpt/config.py and utils.py
+    (`yaml.dump(asdict(config))`; `Config(**yaml.safe_load(...))` sets padded_vocab_size from its multiple)."""
+    try:
+        from litgpt import GPT, Config
+        from litgpt.utils import save_config
+    except ImportError:
+        import yaml
+
+        def build(path):
+            cfg = yaml.safe_load(path.read_text())
+            return _LitGPTVocab(cfg["padded_vocab_size"], cfg["n_embd"]), cfg["vocab_size"]
+
+        def write(folder, vocab_size, multiple):
+            padded = -(-vocab_size // multiple) * multiple
+            cfg = {"name": "tiny", "hf_config": {"name": "tiny", "org": "none"}, "n_embd": 32, "n_layer": 2,
+                   "norm_eps": 1e-5, "padded_vocab_size": padded, "padding_multiple": multiple,
+                   "rope_indices": None, "vocab_size": vocab_size}
+            (folder / "model_config.yaml").write_text(yaml.dump(cfg))
+            return _LitGPTVocab(padded)
+
+        return build, write, False
+
+    def build(path):
+        cfg = Config.from_file(path)
+        return GPT(cfg), cfg.vocab_size
+
+    def write(folder, vocab_size, multiple):
+        cfg = Config(name="tiny", block_size=32, vocab_size=vocab_size, padding_multiple=multiple, n_layer=2,
+                     n_head=2, n_embd=32)
+        save_config(cfg, folder)
+        return GPT(cfg)
+
+    return build, write, True
+
+
+def _lit_step(fabric, model, opt, vocab: int, seed: int) -> float:
+    ids = torch.randint(0, vocab, (2, 16), generator=torch.Generator().manual_seed(seed))
+    loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+    fabric.backward(loss)
+    opt.step()
+    opt.zero_grad()
+    return float(loss.detach())
+
+
+@pytest.mark.lightning
+@pytest.mark.parametrize("new", [300, 216])
+def test_litgpt_folder_model_config_follows_the_rows(tmp_path, new):
+    """litgpt's training checkpoint (finetune/full.py, pretrain.py): `fabric.save(step-N/lit_model.pth,
+    {"model", "optimizer", "iter_num", "step_count"})` and `model_config.yaml` beside it. Repair updates the
+    recorded `padded_vocab_size` (the rows) and `vocab_size` (the tokenizer's); litgpt's resume rebuilds
+    the model from model_config.yaml and `fabric.load`s the state, then trains a step."""
+    from lightning.fabric import Fabric
+
+    build, write, real = _litgpt_parts()
+    fabric = Fabric(accelerator="cpu", devices=1)
+    src = tmp_path / "step-000002"
+    src.mkdir()
+    torch.manual_seed(0)
+    model = fabric.setup(write(src, VOCAB, 64))
+    opt = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    _lit_step(fabric, model, opt, VOCAB, 1)
+    fabric.save(src / "lit_model.pth", {"model": model, "optimizer": opt, "iter_num": 2, "step_count": 2})
+    before = (src / "model_config.yaml").read_text()
+    tok = word_level_tokenizer(tmp_path / "tok.json", new)
+
+    report = ckptfix.inspect(str(src), tokenizer=str(tok))
+    assert report.ckpt.format == "litgpt" and report.ckpt.optimizer is not None
+    assert {"transformer.wte.weight", "lm_head.weight"} <= {v.name for v in report.vocab}
+    file_fixes = [f.fix for f in ckptfix.inspect(str(src / "lit_model.pth"), tokenizer=str(tok)).findings if f.fix]
+    assert all("repair the folder" in f for f in file_fixes if "ckptfix" in f)  # not a fix that leaves the yaml stale
+    out = tmp_path / "fixed"
+    ckptfix.repair(str(src), str(tok), str(out))
+    after = (out / "model_config.yaml").read_text()
+    rows = 256 if new <= 256 else new
+    changed = {a: b for a, b in zip(before.splitlines(), after.splitlines()) if a != b}
+    assert set(changed.values()) <= {f"padded_vocab_size: {rows}", f"vocab_size: {new}"} and changed
+    assert len(before.splitlines()) == len(after.splitlines())
+
+    resumed, vocab_size = build(out / "model_config.yaml")
+    assert vocab_size == new
+    resumed = fabric.setup(resumed)
+    opt2 = fabric.setup_optimizers(torch.optim.AdamW(resumed.parameters(), lr=1e-3))
+    state = {"model": resumed, "optimizer": opt2, "iter_num": 0, "step_count": 0}
+    fabric.load(out / "lit_model.pth", state)  # strict: every key of state must be in the checkpoint
+    assert state["iter_num"] == 2
+    assert torch.equal(resumed.lm_head.weight[:256].detach(), model.lm_head.weight[:256].detach())
+    assert math.isfinite(_lit_step(fabric, resumed, opt2, new, 2))
+    assert not [f for f in ckptfix.inspect(str(out), tokenizer=str(tok)).findings if f.severity == "error"]
+    if real:
+        print("litgpt: its own Config/GPT/save_config")
+
+
+@pytest.mark.lightning
+def test_litgpt_wrong_padded_vocab_size_is_reported(tmp_path):
+    _, write, _ = _litgpt_parts()
+    torch.save({"model": write(tmp_path, VOCAB, 64).state_dict()}, tmp_path / "lit_model.pth")
+    text = (tmp_path / "model_config.yaml").read_text()
+    (tmp_path / "model_config.yaml").write_text(text.replace("padded_vocab_size: 256", "padded_vocab_size: 320"))
+    report = ckptfix.inspect(str(tmp_path))
+    assert [f.message for f in report.findings if f.code == "CKF115"] == [
+        "the checkpoint records model_config.yaml.padded_vocab_size = 320, but its vocab tensors have 256 rows"]

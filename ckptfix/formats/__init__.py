@@ -67,6 +67,8 @@ FORMATS: tuple[Format, ...] = (
            "write_deepspeed:write_universal_folder", folder=True, notes="write_deepspeed:plan_notes"),
     Format("deepspeed", "deepspeed_folder:sniff", "deepspeed_folder:read", folder=True,
            refuse="deepspeed_folder:repair_unsupported"),
+    # litgpt: lit_model.pth beside model_config.yaml (padded_vocab_size: the rows the model is rebuilt with)
+    Format("litgpt", "litgpt_folder:sniff", "litgpt_folder:read", "write_litgpt:write_litgpt_folder", folder=True),
     # an adapter folder: repair rewrites its modules_to_save embedding/head copies
     Format("peft-adapter", "hf_folder:sniff_adapter", "hf_folder:read_adapter", "write_hf:write_hf_folder", folder=True),
     Format("hf-trainer", "hf_folder:sniff_trainer", "hf_folder:read_trainer", "write_hf:write_hf_folder", folder=True),
