@@ -217,6 +217,12 @@ def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
             os.path.isfile(os.path.join(folder, "model_config.yaml")):
         return (f"{ckpt.path} is a litgpt checkpoint whose vocab size is recorded in the model_config.yaml "
                 f"beside it: inspect and repair the folder {folder or '.'} instead, so both change together")
+    tokens = trainable_token_rows(ckpt)
+    if tokens:
+        ids = sorted({i for rows in tokens.values() for i in rows})
+        return (f"the PEFT adapter trains rows for token ids {_id_list(ids)} of {', '.join(sorted(tokens))} "
+                "(trainable_token_indices); ckptfix does not rewrite those rows or their ids: re-create the adapter "
+                "for the new tokenizer with the new ids of those tokens")
     quantized = quantized_vocab_tensors(ckpt, vocab)
     if quantized:
         return (f"{quantized[0]} is a quantized vocab tensor ({ckpt.model[quantized[0]].dtype}"
@@ -224,3 +230,21 @@ def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
                 "quantized tensors (new rows and per-channel scales cannot be computed from the integers); "
                 "resize the float model, then quantize it again")
     return None
+
+
+def trainable_token_rows(ckpt: Checkpoint) -> dict[str, list[int]]:
+    """A PEFT adapter's `trainable_token_indices` (PEFT >= 0.15: only these rows of the embedding train, saved
+    as `<module>.token_adapter.trainable_tokens_delta`, one row per id, in this order): module -> token ids.
+    A bare list is for the input embedding (PEFT names it `embed_tokens`)."""
+    config = ckpt.extras.get("config") if ckpt.format == "peft-adapter" else None
+    raw = config.get("trainable_token_indices") if isinstance(config, dict) else None
+    if isinstance(raw, list):
+        raw = {"embed_tokens": raw}
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): [i for i in v if isinstance(i, int) and not isinstance(i, bool)]
+            for k, v in raw.items() if isinstance(v, list) and v}
+
+
+def _id_list(ids: list[int]) -> str:
+    return ", ".join(map(str, ids[:8])) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")

@@ -448,3 +448,60 @@ def test_litgpt_wrong_padded_vocab_size_is_reported(tmp_path):
     report = ckptfix.inspect(str(tmp_path))
     assert [f.message for f in report.findings if f.code == "CKF115"] == [
         "the checkpoint records model_config.yaml.padded_vocab_size = 320, but its vocab tensors have 256 rows"]
+
+
+def _word_level(path, tokens: list[str]):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=tokens[0]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+@pytest.mark.peft
+def test_peft_trainable_token_indices_are_tied_to_their_tokens(tmp_path):
+    """PEFT >= 0.15 `LoraConfig(trainable_token_indices=[...])` trains only those rows of the embedding and
+    saves them as `embed_tokens.token_adapter.trainable_tokens_delta` (one row per id). inspect reads them as
+    rows of those token ids: clean while the tokenizer keeps the ids, CKF111 when it shrank below them,
+    CKF112 when the old tokenizer is known and the tokens moved. Repair does not rewrite them: it refuses in
+    one line, and inspect prints that reason, never a repair command."""
+    peft = pytest.importorskip("peft")
+    tokens = ["<unk>", *(f"t{i}" for i in range(1, VOCAB))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = peft.get_peft_model(_tiny_llama(VOCAB), peft.LoraConfig(
+            r=4, target_modules=["q_proj", "v_proj"], trainable_token_indices=[200, 201, 202]))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    _step(model, opt, VOCAB, 1)
+    src = tmp_path / "adapter"
+    model.save_pretrained(src)
+    old = _word_level(tmp_path / "old.json", tokens)
+    grown = _word_level(tmp_path / "grown.json", tokens + [f"new{i}" for i in range(13)])
+    shrunk = _word_level(tmp_path / "shrunk.json", tokens[:150])
+    moved = tokens[:5] + ["t200"] + tokens[6:200] + ["t5"] + tokens[201:]  # t5 and t200 swap ids
+    swapped = _word_level(tmp_path / "swapped.json", moved)
+
+    def codes(tok, **kw):
+        report = ckptfix.inspect(str(src), tokenizer=str(tok), **kw)
+        assert not [f.fix for f in report.findings if " -o " in f.fix]  # no `ckptfix repair SRC ... -o OUT` command
+        return {f.code: f for f in report.findings}
+
+    assert not {"CKF111", "CKF112"} & set(codes(grown, from_tokenizer=str(old)))
+    short = codes(shrunk)["CKF111"]
+    assert "token ids 200, 201, 202" in short.message and "repair cannot fix this" in short.fix
+    assert short.tensors == ["base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta"]
+    assert "'t200' 200 -> 5" in codes(swapped, from_tokenizer=str(old))["CKF112"].message
+    for tok in (grown, shrunk, swapped):
+        with pytest.raises(ckptfix.CkptfixError, match="trainable_token_indices") as err:
+            ckptfix.repair(str(src), str(tok), str(tmp_path / "out"))
+        assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
+
+    # Read right: the adapter's rows are those ids' rows, and load onto the base grown for the new tokens.
+    base = _tiny_llama(VOCAB)
+    base.resize_token_embeddings(VOCAB + 13, mean_resizing=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed = peft.PeftModel.from_pretrained(base, str(src), is_trainable=True)
+    merged = resumed.get_input_embeddings()(torch.tensor([200, 201, 202]))
+    assert torch.equal(merged.detach(), model.get_input_embeddings()(torch.tensor([200, 201, 202])).detach())

@@ -184,12 +184,12 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
         raise RepairError("--pad-to-multiple-of must be a positive integer")
     vocab = [v for v in report.vocab if v.tied_to is None]
-    if not vocab:
-        raise RepairError(f"{ckpt.path}: no embedding or LM-head tensor found to resize "
-                          "(names like embed_tokens/wte/lm_head, or 2-D tensors with the vocab's row count)")
     blocked = repair_blocker(ckpt, vocab)
     if blocked:
         raise RepairError(f"{ckpt.path}: {blocked}")
+    if not vocab:
+        raise RepairError(f"{ckpt.path}: no embedding or LM-head tensor found to resize "
+                          "(names like embed_tokens/wte/lm_head, or 2-D tensors with the vocab's row count)")
     for v in vocab:  # resizing copies every row: an expand()ed view would be materialised, row by row
         views = [ckpt.model[v.name], *v.moments.values()]
         if any(t.repeats_storage() for t in views):
