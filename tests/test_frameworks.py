@@ -505,3 +505,44 @@ def test_peft_trainable_token_indices_are_tied_to_their_tokens(tmp_path):
         resumed = peft.PeftModel.from_pretrained(base, str(src), is_trainable=True)
     merged = resumed.get_input_embeddings()(torch.tensor([200, 201, 202]))
     assert torch.equal(merged.detach(), model.get_input_embeddings()(torch.tensor([200, 201, 202])).detach())
+
+
+def _lightning_mp(*args: str) -> dict:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(here / "lightning_mp_factory.py"), *args], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.lightning
+def test_lightning_model_parallel_checkpoint_repairs_and_resumes(tmp_path):
+    """Lightning's own ModelParallelStrategy (FSDP2, one CPU rank) writes its DCP folder and meta.pt; ckptfix
+    reads the optimizer and the schedule, repair grows the rows and moments and sets meta.pt's
+    hyper_parameters.vocab_size, and `Trainer.fit(ckpt_path=...)` resumes from it for a finite step."""
+    from ckptfix.formats import read_checkpoint
+
+    src, out = tmp_path / "ckpt", tmp_path / "fixed"
+    saved = _lightning_mp("save", str(src), str(VOCAB))
+    tok = word_level_tokenizer(tmp_path / "tok.json", NEW)
+    report = ckptfix.inspect(str(src), tokenizer=str(tok))
+    assert report.ckpt.format == "dcp" and report.ckpt.optimizer is not None and report.ckpt.scheduler is not None
+    assert {v.name for v in report.vocab} == {"emb.weight", "head.weight", "head.bias"}
+    assert all(set(v.moments) == {"exp_avg", "exp_avg_sq"} for v in report.vocab)
+    assert "CKF101" in {f.code for f in report.findings}
+    ckptfix.repair(str(src), str(tok), str(out))
+
+    fixed = read_checkpoint(str(out))
+    assert fixed.extras["meta.pt:hyper_parameters"]["vocab_size"] == NEW
+    emb = fixed.model["emb.weight"].read()
+    assert emb.shape == (NEW, 16) and emb[:VOCAB, :4].tolist() == saved["rows"]
+    resumed = _lightning_mp("resume", str(out), str(NEW))
+    assert resumed["global_step"] == saved["global_step"] + 1 and resumed["finite"]
+    assert resumed["adam_steps"] == [saved["global_step"] + 1] * 3  # Adam's state came back, and stepped once
+    assert resumed["lr"] == pytest.approx(1e-2 / (saved["global_step"] + 2))  # the schedule carried on

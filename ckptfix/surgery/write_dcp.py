@@ -31,6 +31,7 @@ it: a template from `get_state_dict` must have its optimizer `state` emptied fir
 from __future__ import annotations
 
 import inspect
+import io
 import os
 import shutil
 import tempfile
@@ -81,8 +82,12 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
         metadata = merged_metadata(layout, edits, new_file, tmp, src)
         if {info.relative_path for info in metadata.storage_data.values()} - {new_file} != set(referenced):
             raise RepairError("the merged .metadata names other data files than were copied; nothing written")
+        meta = _meta_bytes(plan, rng)
         for name in _other_files(src):  # links stay links, never followed out of the folder; FIFOs refused
-            copy_input_entry(os.path.join(src, name), os.path.join(tmp, name), src)
+            if name == dcp_folder.LIGHTNING_META and meta is not None:
+                atomic_write(os.path.join(tmp, name), meta)
+            else:
+                copy_input_entry(os.path.join(src, name), os.path.join(tmp, name), src)
         method = copying.result()
         plan.notes.append(f"DCP: {len(referenced)} data file(s) copied ({method}); changed tensors written to "
                           f"{new_file}")
@@ -308,6 +313,23 @@ def _write_metadata(metadata: Any, path: str) -> None:
         os.fsync(f.fileno())
 
 
+def _meta_bytes(plan: RepairPlan, rng: np.random.Generator) -> bytes | None:
+    """Lightning's meta.pt with the recorded vocab sizes the plan changes in it (`hyper_parameters`), or None
+    when it keeps its bytes. Its other entries (loops, callbacks, schedulers) are written back as read."""
+    from ckptfix.recorded import apply
+    from ckptfix.surgery.write_hf import rewrite_torch_file
+
+    key = f"{dcp_folder.LIGHTNING_META}:"
+    changes = {(path[0][len(key):], *path[1:]): value for path, value in plan.recorded.items()
+               if isinstance(path[0], str) and path[0].startswith(key)}
+    meta = plan.ckpt.files.get(dcp_folder.LIGHTNING_META)
+    if not changes or meta is None:
+        return None
+    buf = io.BytesIO()
+    rewrite_torch_file(meta, buf, plan, rng, lambda tree, table: apply(tree, changes))
+    return buf.getvalue()
+
+
 def _other_files(src: str) -> list[str]:
     """Files beside the data that belong to the checkpoint (Lightning's meta.pt, a user's notes), not ours."""
     ours = {METADATA_FILE, RECORD_FILE, RESTORE_FILE}
@@ -335,6 +357,10 @@ def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record
         backup = undo.keep(METADATA_FILE)
         undo.keep(RECORD_FILE)
         atomic_write(undo.path(RECORD_FILE), _record(record_fn))
+        meta = _meta_bytes(plan, np.random.default_rng(0))  # meta.pt holds no rows: nothing random is drawn
+        if meta is not None:
+            undo.keep(dcp_folder.LIGHTNING_META)
+            atomic_write(undo.path(dcp_folder.LIGHTNING_META), meta)
         undo.commit()
         tmp = undo.path(f".{METADATA_FILE}.ckptfix-tmp")
         _write_metadata(metadata, tmp)
