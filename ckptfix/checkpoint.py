@@ -77,6 +77,14 @@ class TensorInfo:
         """The numpy dtype `read_stored` returns (bfloat16/float8 as their bits)."""
         return NUMPY_DTYPES[self.dtype]
 
+    def byte_ranges(self) -> list[tuple[str, int, int]]:
+        """(file, start, length) of the bytes `read_stored` reads (for prefetching); [] if unknown."""
+        try:
+            where = self.locate()
+        except Exception:  # noqa: BLE001 - a tensor that cannot be located reports it when read
+            return []
+        return [(where.file, where.start, where.length)]
+
     def read_rows_into(self, dst: np.ndarray) -> None:
         """Copy rows 0..len(dst)-1, as stored, into `dst` (one copy, no temporary)."""
         dst[...] = self.read_stored()[:dst.shape[0]]

@@ -540,6 +540,10 @@ class ShardedTensor(TensorInfo):
         out.flags.writeable = False
         return out
 
+    def byte_ranges(self) -> list[tuple[str, int, int]]:
+        assert self.item is not None
+        return [(file, start, length) for file, start, length, _ in self.item.blobs]
+
     def read_rows_into(self, dst: np.ndarray) -> None:
         """Rows 0..len(dst)-1: each piece's part in that range is copied from its mapped record straight
         into place (one memcpy per piece; pieces wholly outside are not read)."""

@@ -48,7 +48,7 @@ from ckptfix.checkpoint import stored_to_torch
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout, Item
-from ckptfix.io import atomic_folder, backup_path, clone_files, copy_input_entry, fsync_dir
+from ckptfix.io import atomic_folder, backup_path, clone_files, copy_input_entry, fsync_dir, prefetch
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.undo import BACKUP_SUFFIX, RESTORE_FILE, InPlace, atomic_write
 
@@ -218,6 +218,9 @@ def _save_changed(edits: DcpEdits, folder: str, name: str) -> str:
     # the changed tensors (numpy; the copies and page faults run without the GIL).
     importer = threading.Thread(target=_import_dcp, daemon=True)
     importer.start()
+    # every changed tensor's bytes requested from the disk at once (a cold cache reads them while torch imports)
+    prefetch([r for _, value in edits.writes.values() if isinstance(value, _Produce)
+              for r in value.edit.source.byte_ranges()])
     for _, value in edits.writes.values():  # in plan order: the rng draws stay the same
         if isinstance(value, _Produce):
             value()
