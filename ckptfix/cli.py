@@ -76,7 +76,7 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
 @cli.command()
 @click.argument("checkpoint", type=click.Path())
 @click.option("--tokenizer", "-t", required=True, type=click.Path(), help="The tokenizer the run will use now.")
-@click.option("--out", "-o", type=click.Path(), help="Output path (the input's format; a .safetensors input may be named .pth). Required unless --dry-run.")
+@click.option("--out", "-o", type=click.Path(), help="Output path (the input's format, or the one its name asks for: .pth <-> .safetensors for weights). Required unless --dry-run.")
 @click.option("--from-tokenizer", type=click.Path(),
               help="The tokenizer the checkpoint was trained with: rows move by token string. Default: the one its "
               "ckptfix record or its HF folder holds.")

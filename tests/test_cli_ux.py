@@ -157,3 +157,30 @@ def test_safetensors_input_named_pth_writes_a_torch_state_dict(tmp_path, capsys)
     with pytest.raises(RepairError, match=r"\.pth, \.pt or \.bin"):
         ckptfix.repair(tmp_path / "model.safetensors", tok, tmp_path / "model.ckpt", dry_run=True)
     assert not (tmp_path / "model.ckpt").exists()
+
+
+def test_bare_state_dict_named_safetensors_writes_safetensors(tmp_path, capsys):
+    """A bare `model.state_dict()` repaired to a .safetensors name is written as safetensors (tied names each
+    with the same values, views materialised); a checkpoint with more than weights is refused, saying why."""
+    from safetensors.torch import load_file
+
+    run = train(new_run(64, tied=True), 3)
+    state = dict(run.model.state_dict())
+    assert state["text_head.weight"].data_ptr() == state["text_embedding.weight"].data_ptr()
+    torch.save({**state, "view.t": state["blocks.0.1.weight"].t()}, tmp_path / "sd.pth")
+    tok = train_sentencepiece(tmp_path, 80, name="sp")
+    code, _, err = run_cli(["repair", str(tmp_path / "sd.pth"), "-t", str(tok), "-o", str(tmp_path / "sd.safetensors")],
+                           capsys)
+    assert code == 0, err
+    loaded = load_file(tmp_path / "sd.safetensors")
+    assert torch.equal(loaded.pop("view.t"), state["blocks.0.1.weight"].t())
+    assert torch.equal(loaded["text_head.weight"], loaded["text_embedding.weight"])  # tied: the same new rows
+    for key, value in state.items():
+        got = loaded[key]
+        assert torch.equal(got[:64], value) if key.startswith("text_") else torch.equal(got, value), key
+    grown = new_run(80, tied=True).model
+    grown.load_state_dict(loaded)  # strict
+    assert (tmp_path / "sd.safetensors.ckptfix.json").exists()
+    torch.save({**state, "step": 3}, tmp_path / "mixed.pth")
+    with pytest.raises(RepairError, match="entry 'step' is not a tensor"):
+        ckptfix.repair(tmp_path / "mixed.pth", tok, tmp_path / "mixed.safetensors")

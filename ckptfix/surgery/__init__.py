@@ -100,7 +100,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         # looked up before --dry-run returns: a dry run never says "would write" for what the real run refuses
         writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
         if writer is not None and out is not None:
-            writer = _writer_for_name(ckpt.format, os.fspath(out), writer)
+            writer = _writer_for_name(ckpt, os.fspath(out), writer)
         if dry_run:
             return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
         out, in_place = output_target(source, out, force=force)
@@ -169,15 +169,20 @@ _TORCH_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt", ".tar")
 _STATE_DICT_SUFFIXES = (".pth", ".pt", ".bin")
 
 
-def _writer_for_name(fmt: str, out: str, writer: Callable[..., str | None]) -> Callable[..., str | None]:
-    """The writer for the format OUT's name asks for: the input's own, or a torch.save state_dict for a
-    `.safetensors` input named .pth/.pt/.bin. A name that promises bytes repair cannot write is refused,
-    never silently given other bytes (a .safetensors file that safetensors cannot open)."""
-    name = out.lower().rstrip("/")
+def _writer_for_name(ckpt: Any, out: str, writer: Callable[..., str | None]) -> Callable[..., str | None]:
+    """The writer for the format OUT's name asks for: the input's own; a torch.save state_dict for a
+    `.safetensors` input named .pth/.pt/.bin; a `.safetensors` file for a bare state_dict named so. A name
+    that promises bytes repair cannot write is refused, never silently given other bytes (a .safetensors
+    file that safetensors cannot open)."""
+    fmt, name = ckpt.format, out.lower().rstrip("/")
     if fmt in ("torch", "lightning") and name.endswith(".safetensors"):
-        raise RepairError(f"{out}: repair writes this {fmt} checkpoint back as torch.save does; a .safetensors name "
-                          "would promise safetensors bytes, which repair writes only from a .safetensors input. Name "
-                          "the output .pth, .pt or .bin (or .ckpt)")
+        from ckptfix.surgery.write_hf import safetensors_refusal, write_safetensors_from_torch
+
+        why = safetensors_refusal(ckpt)
+        if why is None:
+            return write_safetensors_from_torch
+        raise RepairError(f"{out}: a .safetensors name asks for safetensors bytes, but {why}. Name the output "
+                          ".pth, .pt or .bin (or .ckpt): repair then writes it back as torch.save does")
     if fmt == "safetensors" and name.endswith(_STATE_DICT_SUFFIXES):
         from ckptfix.surgery.write_torch import write_torch_from_safetensors
 

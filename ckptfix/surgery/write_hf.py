@@ -18,6 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ckptfix import untrusted
+from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
 from ckptfix.formats import safetensors_file, safetensors_save, torch_file, torch_save
 from ckptfix.io import atomic_file, atomic_folder, backup_path, copy_input_entry
@@ -202,3 +203,56 @@ def _copy_tokenizer(tokenizer: Any, folder: str) -> None:
         shutil.copy2(path, os.path.join(folder, "tokenizer.model"))
     else:
         shutil.copy2(path, os.path.join(folder, "tokenizer.json"))
+
+
+def safetensors_refusal(ckpt: Any) -> str | None:
+    """Why a torch checkpoint cannot be written as `.safetensors`, or None for a bare state_dict of tensors
+    of dtypes safetensors has (what `safetensors.torch.save_file(model.state_dict())` would take)."""
+    from ckptfix.formats.safetensors_file import SAFETENSORS_DTYPES
+
+    if ckpt.format != "torch" or ckpt.sections.get("model") != "":
+        return "it holds more than a model state_dict (optimizer, schedule...), which safetensors cannot store"
+    raw = ckpt.raw if isinstance(ckpt.raw, dict) else {}
+    others = [k for k in raw if k not in ckpt.model]
+    if others:
+        return f"its entry {others[0]!r} is not a tensor, which safetensors cannot store"
+    odd = sorted({t.dtype for t in ckpt.model.values() if t.dtype not in SAFETENSORS_DTYPES})
+    if odd:
+        return f"safetensors has no {odd[0]} dtype"
+    return None
+
+
+def write_safetensors_from_torch(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *,
+                                 rng: np.random.Generator, in_place: bool, progress: Any = None) -> str | None:
+    """A repaired bare state_dict written as `.safetensors` (the user named OUT so): edited tensors produced,
+    contiguous ones copied byte for byte, other views materialised from the mapped file; tied names each
+    get their own copy of the same values (safetensors stores no shared tensors). Record in OUT.ckptfix.json."""
+    from ckptfix.surgery import record_json
+
+    produced: dict[str, Any] = {}  # a tied pair's edited tensor is produced once (its new rows are random)
+
+    def edited(owner: str) -> Any:
+        if owner not in produced:
+            produced[owner] = plan.weights[owner].produce(plan.init, plan.std, rng)
+        return produced[owner]
+
+    entries = []
+    for name, t in plan.ckpt.model.items():
+        owner = plan.ckpt.tied.get(name, name)
+        if owner in plan.weights:
+            entries.append(safetensors_save.Entry(name, t.dtype, plan.weights[owner].new_shape,
+                                                  produce=lambda o=owner: edited(o)))  # type: ignore[misc]
+        elif t.stride in (None, t.contiguous_stride()) and not t.repeats_storage():
+            where = t.locate()
+            start = where.start + t.offset * DTYPE_SIZES[t.dtype]
+            entries.append(safetensors_save.Entry(name, t.dtype, t.shape,
+                                                  copy_from=type(where)(where.file, start, t.nbytes)))
+        else:
+            entries.append(safetensors_save.Entry(name, t.dtype, t.shape,
+                                                  produce=lambda t=t: np.ascontiguousarray(t.read_stored())))  # type: ignore[misc]
+    backup = backup_path(out) if in_place else None
+    with atomic_file(out, mode_like=plan.ckpt.path, backup=in_place) as f:
+        safetensors_save.write(f, entries, {"format": "pt"}, progress)
+    with atomic_file(out + ".ckptfix.json") as f:
+        f.write(record_json(record_fn()))
+    return backup
