@@ -56,7 +56,7 @@ from ckptfix.checkpoint import (
 from ckptfix.dtypes import NUMPY_DTYPES
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDtype, load_pickle
+from ckptfix.formats.pickle_safe import PLAIN_LEAVES, OpaqueObject, TensorRef, TorchDtype, load_pickle
 from ckptfix.untrusted import fail, want_dict, want_int, want_list, want_shape, want_str
 
 METADATA_FILE = ".metadata"
@@ -345,7 +345,7 @@ def _opaques(node: Any) -> list[OpaqueObject]:
     found, seen, stack = [], set(), [node]
     while stack:
         node = stack.pop()
-        if id(node) in seen:
+        if node.__class__ in PLAIN_LEAVES or id(node) in seen:
             continue
         seen.add(id(node))
         if isinstance(node, OpaqueObject):

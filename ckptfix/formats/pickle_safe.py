@@ -770,14 +770,19 @@ def _expanded_nodes(value: Any) -> int:
     return weights.get(id(value), 1)
 
 
+#: Exact types of the unpickled values that hold nothing else (a subclass is walked as usual).
+PLAIN_LEAVES = frozenset({str, int, float, bool, type(None), bytes, complex})
+
+
 def _check_tree(tree: Any, origin: str) -> None:
     """After unpickling: no dict may carry instance attributes that shadow its methods (BUILD on an
     OrderedDict can set `values`/`items`/`get` to an allowlisted callable). Each container once."""
     seen: set[int] = set()
     stack = [tree]
+    leaves = PLAIN_LEAVES
     while stack:
         node = stack.pop()
-        if id(node) in seen:
+        if node.__class__ in leaves or id(node) in seen:  # most nodes are keys and numbers: one set lookup
             continue
         if isinstance(node, dict):
             seen.add(id(node))
