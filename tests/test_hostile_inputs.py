@@ -478,3 +478,22 @@ def test_legacy_pth_is_mapped_not_read_whole(tmp_path):
     torch.save({"w": torch.zeros(16 << 20), "step": 3}, path, _use_new_zipfile_serialization=False)
     code, peak = _python_peak(["inspect", str(path)])
     assert code == 0 and peak < 16 << 20, (code, peak >> 20)
+
+
+BOMB = "(a memo bomb: hashing it would hang or crash the unpickler); not a checkpoint"
+
+
+def test_memo_dag_and_deep_tuples_are_one_exact_line(tmp_path):
+    """A tuple DAG 60 levels deep as a dict key (2**60 hashing steps), a tuple nested 300k deep as a key
+    (a C-stack overflow when hashed) and as a value: exit 2 with the exact line, before any unpickling."""
+    cases = {
+        "dag_key": (mc.tuple_dag_key_pickle(60), f"pickle holds a tuple nested 19 deep that expands to 1,048,575 nodes {BOMB}"),
+        "deep_key": (mc.deep_tuple_key_pickle(300_000), f"pickle holds a tuple nested 101 deep that expands to 102 nodes {BOMB}"),
+        "deep_value": (b"\x80\x02}X\x05\x00\x00\x00model}X\x01\x00\x00\x00xK\x01" + b"\x85" * 300_000 + b"ss.",
+                       f"pickle holds a tuple nested 101 deep that expands to 102 nodes {BOMB}"),
+    }
+    for name, (data, _) in cases.items():
+        (tmp_path / f"{name}.pth").write_bytes(data)
+    out = mc.run_batch([{"id": n, "argv": ["inspect", str(tmp_path / f"{n}.pth")]} for n in cases], cwd=tmp_path, timeout=20)
+    for name, (_, line) in cases.items():
+        assert (out[name]["code"], out[name]["stderr"].strip()) == (2, f"{ERR}{tmp_path / name}.pth: {line}"), out[name]
