@@ -265,3 +265,28 @@ def test_cli_in_place_and_restore(source, tokenizers, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["restore", str(copy)])
     assert exc.value.code == 2  # nothing to undo: one line, exit 2
+
+
+def test_progress_counts_the_changed_tensors_then_the_copied_files(source, tokenizers, tmp_path):
+    """The DCP writer reports to a `progress` callable: the changed tensors (label "repair"), then, in a new
+    folder, each copied data file as its copy ends (label "copy"); every total is the bytes it counts."""
+    import shutil
+
+    path, _, _ = source
+    seen: list[tuple[str, int, int]] = []
+
+    def progress(items, total, label):
+        done = 0
+        for item in items:
+            yield item
+            done += item.nbytes
+        seen.append((label, total, done))
+
+    _quiet(ckptfix.repair, path, tokenizers[64], tmp_path / "out", progress=progress)
+    data = sum(os.path.getsize(p) for p in path.glob("*.distcp"))
+    assert [label for label, _, _ in seen] == ["repair", "copy"]
+    assert all(total == done > 0 for _, total, done in seen) and seen[1][1] == data
+    copy, seen[:] = tmp_path / "inplace", []
+    shutil.copytree(path, copy)
+    _quiet(ckptfix.repair, copy, tokenizers[64], None, in_place=True, progress=progress)
+    assert [label for label, _, _ in seen] == ["repair"]  # in place: nothing is copied

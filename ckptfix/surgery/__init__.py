@@ -83,7 +83,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     if in_place:
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                 std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
-                                trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids)
+                                trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids, progress=progress)
     if not dry_run and out is not None:  # refused before anything is read, hashed or written
         check_output_path(source, os.fspath(out), force=force)
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
@@ -137,7 +137,7 @@ def _in_place_writer(fmt: str) -> Callable[..., str | None]:
 
 def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str | None,
                      std: float, pad_to_multiple_of: int | None, dry_run: bool, trust_pickle: bool,
-                     seed: int, keep_ids: bool = False) -> RepairResult:
+                     seed: int, keep_ids: bool = False, progress: Any = None) -> RepairResult:
     """Only what changes is written, into the source itself. The source is not hashed for the record
     (that would read the whole folder, the cost in-place exists to avoid)."""
     from ckptfix.tokenizers import load_tokenizer
@@ -156,7 +156,8 @@ def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: A
     if dry_run or writer is None:
         notes = [] if dry_run else ["nothing to change: the checkpoint already fits the tokenizer; nothing written"]
         return RepairResult(plan, source if dry_run else None, dry_run, build_record(plan, None), notes=notes)
-    backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True)
+    backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True,
+                    progress=progress)
     return RepairResult(plan, source, False, build_record(plan, None), backup=backup)
 
 

@@ -48,7 +48,7 @@ from ckptfix.checkpoint import stored_to_torch
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout, Item
-from ckptfix.io import atomic_folder, backup_path, clone_files, copy_input_entry, fsync_dir, prefetch
+from ckptfix.io import atomic_folder, backup_path, clone_file, copy_input_entry, fsync_dir, prefetch
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.undo import BACKUP_SUFFIX, RESTORE_FILE, InPlace, atomic_write
 
@@ -69,16 +69,20 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
     layout = _layout(plan)
     edits = plan_edits(plan, layout, rng)
     if incremental:
-        return _write_in_place(plan, layout, edits, record_fn)
+        return _write_in_place(plan, layout, edits, record_fn, progress)
     src = plan.ckpt.path
     backup = backup_path(out) if in_place and os.path.exists(out) else None
     referenced = _still_referenced(layout, edits, src)
     with atomic_folder(out, backup=in_place) as tmp, ThreadPoolExecutor(1) as pool:
         # The unchanged data files are copied (in the kernel) while the changed tensors are computed and
         # saved: the repair then takes about as long as the copy alone. Leaving the `with` waits for it.
-        copying = pool.submit(clone_files, [(os.path.join(src, name), os.path.join(tmp, name))
-                                            for name in referenced])
-        new_file = _save_changed(edits, tmp, _new_data_name(src))
+        copies = [_Copy(pool, os.path.join(src, name), os.path.join(tmp, name)) for name in referenced]
+        try:
+            new_file = _save_changed(edits, tmp, _new_data_name(src), progress)
+        except BaseException:
+            for copy in copies:  # nothing more to copy for a folder that will not be written
+                copy.future.cancel()
+            raise
         metadata = merged_metadata(layout, edits, new_file, tmp, src)
         if {info.relative_path for info in metadata.storage_data.values()} - {new_file} != set(referenced):
             raise RepairError("the merged .metadata names other data files than were copied; nothing written")
@@ -88,7 +92,11 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
                 atomic_write(os.path.join(tmp, name), meta)
             else:
                 copy_input_entry(os.path.join(src, name), os.path.join(tmp, name), src)
-        method = copying.result()
+        methods: dict[str, int] = {}
+        for copy in (progress(copies, sum(c.nbytes for c in copies), "copy") if progress else copies):
+            method = copy.result()  # a bar advances as each file's copy ends
+            methods[method] = methods.get(method, 0) + 1
+        method = ", ".join(f"{m} x{n}" for m, n in methods.items()) or "nothing copied"
         plan.notes.append(f"DCP: {len(referenced)} data file(s) copied ({method}); changed tensors written to "
                           f"{new_file}")
         _write_metadata(metadata, os.path.join(tmp, METADATA_FILE))
@@ -161,6 +169,21 @@ class _Produce:
     def torch(self) -> Any:
         return stored_to_torch(self(), self.edit.source.dtype)
 
+    @property
+    def nbytes(self) -> int:  # what a progress bar counts
+        return int(self.edit.source.nbytes)
+
+
+class _Copy:
+    """One data file's copy, queued on the worker; `nbytes` for a progress bar."""
+
+    def __init__(self, pool: ThreadPoolExecutor, src: str, dst: str):
+        self.nbytes = os.path.getsize(src)
+        self.future = pool.submit(clone_file, src, dst)
+
+    def result(self) -> str:
+        return self.future.result()
+
 
 def _still_referenced(layout: DcpLayout, edits: DcpEdits, source: str) -> list[str]:
     """The source's data files that items kept as they are point into (copied to a new folder)."""
@@ -210,7 +233,7 @@ def _new_data_name(*folders: str) -> str:
     return f"__ckptfix{n}_0.distcp"
 
 
-def _save_changed(edits: DcpEdits, folder: str, name: str) -> str:
+def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None) -> str:
     """`dcp.save` the changed items (nested as in the source) into `folder/name`; returns `name`."""
     if not edits.writes:
         return name
@@ -221,9 +244,10 @@ def _save_changed(edits: DcpEdits, folder: str, name: str) -> str:
     # every changed tensor's bytes requested from the disk at once (a cold cache reads them while torch imports)
     prefetch([r for _, value in edits.writes.values() if isinstance(value, _Produce)
               for r in value.edit.source.byte_ranges()])
-    for _, value in edits.writes.values():  # in plan order: the rng draws stay the same
-        if isinstance(value, _Produce):
-            value()
+    produces = [v for _, v in edits.writes.values() if isinstance(v, _Produce)]
+    total = sum(p.nbytes for p in produces)
+    for value in (progress(produces, total, "repair") if progress and produces else produces):
+        value()  # in plan order: the rng draws stay the same
     importer.join()
     import torch.distributed.checkpoint as dcp  # done by the worker; raises here if it failed
 
@@ -347,7 +371,8 @@ def _record(record_fn: Callable[[], dict]) -> bytes:
 
 # --- in place ---------------------------------------------------------------------------------------------
 
-def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record_fn: Callable[[], dict]) -> str:
+def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record_fn: Callable[[], dict],
+                    progress: Any = None) -> str:
     """New data file + backups + one atomic rename of `.metadata`; returns the backup of the metadata."""
     folder = plan.ckpt.path
     undo = InPlace(folder, METADATA_FILE)
@@ -355,7 +380,7 @@ def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record
     try:
         if edits.writes:
             undo.add(new_file)
-        _save_changed(edits, folder, new_file)
+        _save_changed(edits, folder, new_file, progress)
         metadata = merged_metadata(layout, edits, new_file, folder, folder)
         backup = undo.keep(METADATA_FILE)
         undo.keep(RECORD_FILE)
