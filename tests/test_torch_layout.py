@@ -127,8 +127,13 @@ def _quantized_model(gen: torch.Generator) -> dict[str, torch.Tensor]:
                                      torch.randint(0, 9, (6,), generator=gen), 0, torch.quint8)
     ch1 = torch.quantize_per_channel(x, torch.rand(5, generator=gen, dtype=torch.float64) / 10 + 0.01,
                                      torch.zeros(5, dtype=torch.long), 1, torch.qint8)
-    # what a torch.ao quantized nn.Embedding saves: per_channel_affine_float_qparams (float zero points)
-    table = nnq.Embedding(12, 5).state_dict()["_packed_params._packed_weight"]
+    # what a torch.ao quantized nn.Embedding saves: per_channel_affine_float_qparams (float zero points).
+    # Its constructor leaves the weight and scales uninitialised (NaN scales fail torch.equal): set them.
+    embedding = nnq.Embedding(12, 5)
+    w = torch.randn(12, 5, generator=gen)
+    embedding.set_weight(torch.quantize_per_channel(w, w.abs().amax(1).double() / 127 + 0.01, torch.zeros(12), 0,
+                                                    torch.quint8))
+    table = embedding.state_dict()["_packed_params._packed_weight"]
     return {**per_tensor, "q.channel0": ch0, "q.channel1": ch1, "q.qint8_t": per_tensor["q.qint8"].t(), "q.table": table}
 
 
