@@ -508,17 +508,7 @@ def test_peft_trainable_token_indices_are_tied_to_their_tokens(tmp_path):
 
 
 def _lightning_mp(*args: str) -> dict:
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    here = Path(__file__).parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(here / "lightning_mp_factory.py"), *args], capture_output=True,
-                          text=True, env=env, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return _run_factory("lightning_mp_factory.py", *args)
 
 
 @pytest.mark.lightning
@@ -546,3 +536,40 @@ def test_lightning_model_parallel_checkpoint_repairs_and_resumes(tmp_path):
     assert resumed["global_step"] == saved["global_step"] + 1 and resumed["finite"]
     assert resumed["adam_steps"] == [saved["global_step"] + 1] * 3  # Adam's state came back, and stepped once
     assert resumed["lr"] == pytest.approx(1e-2 / (saved["global_step"] + 2))  # the schedule carried on
+
+
+def _run_factory(script: str, *args: str) -> dict:
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(here / script), *args], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.long
+def test_torchtitan_checkpoint_manager_saves_repairs_and_loads(tmp_path):
+    """torchtitan's own CheckpointManager (where torchtitan is installed: see tests/torchtitan_factory.py)
+    saves step-2, ckptfix finds the moments under `optimizer.state.<fqn>`, repairs, and `ckm.load(step=2)`
+    of the repaired folder resumes Adam and the schedule for a finite step."""
+    pytest.importorskip("torchtitan")
+    from ckptfix.formats import read_checkpoint
+
+    base, fixed = tmp_path / "run", tmp_path / "fixed"
+    saved = _run_factory("torchtitan_factory.py", "save", str(base), str(VOCAB))
+    src = base / "checkpoint" / "step-2"
+    tok = word_level_tokenizer(tmp_path / "tok.json", NEW)
+    report = ckptfix.inspect(str(src), tokenizer=str(tok))
+    assert {v.name for v in report.vocab} == {"tok_embeddings.weight", "output.weight"}
+    assert all(set(v.moments) == {"exp_avg", "exp_avg_sq"} for v in report.vocab)
+    (fixed / "checkpoint").mkdir(parents=True)
+    ckptfix.repair(str(src), str(tok), str(fixed / "checkpoint" / "step-2"))
+    emb = read_checkpoint(str(fixed / "checkpoint" / "step-2")).model["tok_embeddings.weight"].read()
+    assert emb.shape == (NEW, 16) and emb[:VOCAB, :3].tolist() == saved["rows"]
+    resumed = _run_factory("torchtitan_factory.py", "resume", str(fixed), str(NEW), "2")
+    assert resumed["loaded"] and resumed["step"] == 3 and resumed["finite"] and resumed["adam_steps"] == [3.0]
