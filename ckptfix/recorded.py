@@ -65,6 +65,24 @@ def recorded_rows(extras: dict[str, Any]) -> set[int]:
     return {r.value for r in find_recorded(extras) if r.rows_key}
 
 
+def recorded_padding(extras: dict[str, Any], rows: int) -> int | None:
+    """The padding multiple a checkpoint records beside its row count (litgpt's `padding_multiple`, with
+    `padded_vocab_size` equal to the rows): the multiple the framework itself rounds a vocab size up to."""
+    seen: set[int] = set()
+    stack = [extras]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen or len(seen) > 10_000:
+            continue
+        seen.add(id(node))
+        multiple = node.get("padding_multiple")
+        if node.get("padded_vocab_size") == rows and isinstance(multiple, int) and not isinstance(multiple, bool) \
+                and 1 < multiple <= rows:
+            return multiple
+        stack.extend(v for v in node.values() if isinstance(v, dict))
+    return None
+
+
 def disagreeing(recorded: list[Recorded], rows: set[int]) -> list[Recorded]:
     """Recorded row counts that no vocab tensor has."""
     return [r for r in recorded if r.rows_key and r.value not in rows]

@@ -22,7 +22,7 @@ from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
 from ckptfix.policies import REPAIR_POLICIES, canonical
-from ckptfix.recorded import recorded_rows
+from ckptfix.recorded import recorded_padding, recorded_rows
 from ckptfix.surgery.pieces import piece_rows
 from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_rows_for, plan_by_id, plan_by_token
 from ckptfix.vocab import repair_blocker
@@ -201,6 +201,11 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
                               config_vocab=rows if rows in recorded_rows(ckpt.extras) else None,
                               old_tokens=from_tokenizer.size if from_tokenizer is not None else None,
                               exact=exact_rows)
+    recorded_multiple = recorded_padding(ckpt.extras, rows)
+    if recorded_multiple and pad_to_multiple_of is None and not exact_rows and tokenizer.size > rows:
+        target = -(-tokenizer.size // recorded_multiple) * recorded_multiple  # litgpt's own find_multiple
+        why = (f"rows: {target} for {tokenizer.size} tokens (padding rule: the padding_multiple {recorded_multiple} "
+               "the checkpoint records beside its padded_vocab_size)")
     plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
                       findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by)
     plans: dict[int, RowPlan] = {}
