@@ -497,3 +497,23 @@ def test_memo_dag_and_deep_tuples_are_one_exact_line(tmp_path):
     out = mc.run_batch([{"id": n, "argv": ["inspect", str(tmp_path / f"{n}.pth")]} for n in cases], cwd=tmp_path, timeout=20)
     for name, (_, line) in cases.items():
         assert (out[name]["code"], out[name]["stderr"].strip()) == (2, f"{ERR}{tmp_path / name}.pth: {line}"), out[name]
+
+
+def test_repair_of_a_deeply_nested_optimizer_value_is_one_line(base, hf_folder, tmp_path):
+    """A real HF Trainer folder whose optimizer.pt (torch.save) holds a list nested 400 deep in a moment's
+    place: torch.load reads it, ckptfix's writer cannot write it (the fuzzer's hf mutator found a
+    RecursionError, exit 3): exit 2, one line, nothing written."""
+    src = tmp_path / "src"
+    shutil.copytree(hf_folder, src)
+    osd = torch.load(src / "optimizer.pt", weights_only=True)
+    deep: list = [1]
+    for _ in range(400):
+        deep = [deep]
+    next(iter(osd["state"].values()))["extra"] = deep
+    torch.save(osd, src / "optimizer.pt")
+    r = mc.run_batch([{"id": 0, "argv": ["repair", str(src), "--tokenizer", str(base["tok"]), "-o",
+                                         str(tmp_path / "fixed"), "--init", "zeros"]}], cwd=tmp_path, timeout=20)[0]
+    assert (r["code"], r["stderr"].strip()) == (2, f"{ERR}cannot write this checkpoint: a value in it is nested more "
+                                                   "than a few hundred levels deep (real checkpoints nest a few); "
+                                                   "nothing was written"), r
+    assert sorted(os.listdir(tmp_path)) == ["src"]

@@ -288,7 +288,11 @@ def _pickle(tree: Any) -> tuple[memoryview, dict[str, StorageRef]]:
     """data.pkl's bytes and the storages it names (output key -> storage, in pickling order)."""
     buf = io.BytesIO()
     pickler = _Pickler(buf)
-    pickler.dump(_with_torch_values(tree, {}))
+    try:
+        pickler.dump(_with_torch_values(tree, {}))
+    except RecursionError:  # both recurse per level of nesting; torch.load reads such a file, we cannot write it
+        raise RepairError("cannot write this checkpoint: a value in it is nested more than a few hundred levels "
+                          "deep (real checkpoints nest a few); nothing was written") from None
     return buf.getbuffer(), pickler.storages
 
 
