@@ -168,6 +168,79 @@ def test_nanogpt_checkpoint_repairs_and_resumes_with_init_from_resume(tmp_path, 
     assert [f.code for f in report.findings if f.code == "CKF115"] == ["CKF115"]
 
 
+def _nanogpt_train(work, *args: str) -> list[float]:
+    """Run nanoGPT's own train.py (tiny, CPU) in `work`; the losses of the iterations it logged."""
+    import re
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "train.py", "--dataset=tiny", "--device=cpu", "--compile=False", "--dtype=float32",
+           "--eval_interval=2", "--eval_iters=1", "--log_interval=1", "--n_layer=1", "--n_head=2", "--n_embd=16",
+           "--block_size=8", "--batch_size=2", "--gradient_accumulation_steps=1", "--always_save_checkpoint=True",
+           *args]
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [float(m) for m in re.findall(r"^iter \d+: loss (\S+),", proc.stdout, re.M)]
+
+
+def test_nanogpt_own_train_py_saves_repairs_and_resumes(tmp_path):
+    """nanoGPT's own train.py (fixtures/nanogpt.py, pinned commit; skipped when not cached) trains 2 steps on
+    a tiny dataset laid out as its prepare.py writes it (train.bin/val.bin uint16, meta.pkl with vocab_size)
+    and saves out/ckpt.pt. inspect is clean with a tokenizer of its vocab and flags a wrong one; repair to a
+    larger tokenizer; then train.py --init_from=resume (its own resume code: model_args['vocab_size'],
+    load_state_dict, optimizer.load_state_dict) trains on with finite losses and Adam's steps carried on."""
+    import pickle
+    import shutil
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    import nanogpt
+
+    source = nanogpt.cached()
+    if source is None:
+        pytest.skip("nanoGPT not cached: run python fixtures/nanogpt.py <a clone of karpathy/nanoGPT>")
+    work = tmp_path / "nanogpt"
+    (work / "data" / "tiny").mkdir(parents=True)
+    for name in nanogpt.FILES:
+        shutil.copy(source / name, work / name)
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 2000), ("val", 400)):
+        rng.integers(0, VOCAB, n).astype(np.uint16).tofile(work / "data" / "tiny" / f"{split}.bin")
+    stoi = {f"t{i}": i for i in range(VOCAB)}
+    with open(work / "data" / "tiny" / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": VOCAB, "itos": {i: s for s, i in stoi.items()}, "stoi": stoi}, f)
+
+    assert all(math.isfinite(x) for x in _nanogpt_train(work, "--max_iters=3", "--out_dir=run"))
+    src = work / "run" / "ckpt.pt"
+    saved = torch.load(src, weights_only=True)
+    assert saved["iter_num"] == 2 and saved["model_args"]["vocab_size"] == VOCAB
+
+    right = ckptfix.inspect(str(src), tokenizer=str(word_level_tokenizer(tmp_path / "right.json", VOCAB)))
+    assert not [f.code for f in right.findings if f.severity == "error"]
+    tok = word_level_tokenizer(tmp_path / "tok.json", NEW)
+    wrong = ckptfix.inspect(str(src), tokenizer=str(tok))
+    assert "CKF101" in {f.code for f in wrong.findings if f.severity == "error"}
+    assert {v.name for v in wrong.vocab} | {v.tied_to for v in wrong.vocab if v.tied_to} == {
+        "transformer.wte.weight", "lm_head.weight"}
+    (work / "fixed").mkdir()
+    ckptfix.repair(str(src), str(tok), str(work / "fixed" / "ckpt.pt"))
+    fixed = torch.load(work / "fixed" / "ckpt.pt", weights_only=True)
+    assert fixed["model_args"]["vocab_size"] == NEW and fixed["model"]["lm_head.weight"].shape[0] == NEW
+    assert torch.equal(fixed["model"]["lm_head.weight"][:VOCAB], saved["model"]["lm_head.weight"])
+    for index, moments in saved["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            new = fixed["optimizer"]["state"][index][key]
+            assert torch.equal(new[:moments[key].shape[0]], moments[key]), (index, key)
+    assert any(s["exp_avg"].shape[0] == NEW for s in fixed["optimizer"]["state"].values())
+
+    losses = _nanogpt_train(work, "--init_from=resume", "--max_iters=5", "--out_dir=fixed")
+    assert losses and all(math.isfinite(x) for x in losses)
+    again = torch.load(work / "fixed" / "ckpt.pt", weights_only=True)
+    assert again["iter_num"] == 4 and again["model_args"]["vocab_size"] == NEW
+    assert {float(s["step"]) for s in again["optimizer"]["state"].values()} == {4.0}  # 2 saved + 2 resumed
+
+
 class _ComposerHF(torch.nn.Module):
     """composer.models.HuggingFaceModel keeps the transformers model as `self.model`: its state dict keys
     are the HF ones under "model."."""
