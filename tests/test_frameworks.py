@@ -369,6 +369,78 @@ def test_torchtune_recipe_state_beside_the_model_folder(tmp_path):
     assert math.isfinite(_step(resumed, opt2, NEW, 2))
 
 
+def test_torchtune_own_checkpointer_saves_repairs_and_resumes(tmp_path):
+    """torchtune's own FullModelHFCheckpointer (where torchtune is installed: it pins torchao/torchdata builds,
+    so a venv with `pip install --no-deps torchtune==0.6.1 torchdata==0.11.0 torchao==0.14.1` plus its small
+    needs; skipped without it). It loads an HF Llama folder into torchtune's own `llama3` model, which trains
+    2 AdamW steps; save_checkpoint(intermediate_checkpoint=True) writes epoch_0/ and recipe_state/. inspect
+    of epoch_0 is clean at the right vocab and names both vocab tensors with their moments at a wrong one;
+    repair to a larger tokenizer; torchtune's resume (should_load_recipe_state, checkpoint_files and
+    recipe_checkpoint under output_dir) loads model and optimizer, and every moment's old rows are
+    bit-identical before one finite step."""
+    pytest.importorskip("torchtune")
+    transformers = pytest.importorskip("transformers")
+    from torchtune.models.llama3 import llama3
+    from torchtune.training import FullModelHFCheckpointer
+
+    config = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp_path / "base")
+
+    def build(vocab: int):
+        return llama3(vocab_size=vocab, num_layers=2, num_heads=2, num_kv_heads=2, embed_dim=32, max_seq_len=64,
+                      intermediate_dim=40)
+
+    def step(model, opt, vocab: int, seed: int) -> float:
+        ids = torch.randint(0, vocab, (2, 10), generator=torch.Generator().manual_seed(seed))
+        logits = model(ids[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return float(loss.detach())
+
+    saver = FullModelHFCheckpointer(checkpoint_dir=str(tmp_path / "base"), checkpoint_files=["model.safetensors"],
+                                    model_type="LLAMA3", output_dir=str(tmp_path / "out"))
+    model = build(VOCAB)
+    model.load_state_dict(saver.load_checkpoint()["model"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    step(model, opt, VOCAB, 1)
+    step(model, opt, VOCAB, 2)
+    saver.save_checkpoint({"model": model.state_dict(), "optimizer": opt.state_dict(), "seed": 9, "epochs_run": 1,
+                           "total_epochs": 2, "max_steps_per_epoch": 2}, epoch=0, intermediate_checkpoint=True)
+    epoch = tmp_path / "out" / "epoch_0"
+
+    right = ckptfix.inspect(str(epoch), tokenizer=str(word_level_tokenizer(tmp_path / "right.json", VOCAB)))
+    assert not [f.code for f in right.findings if f.severity == "error"]
+    tok = word_level_tokenizer(tmp_path / "tok.json", NEW)
+    wrong = ckptfix.inspect(str(epoch), tokenizer=str(tok))
+    assert "CKF101" in {f.code for f in wrong.findings if f.severity == "error"}
+    assert {v.name: sorted(v.moments) for v in wrong.vocab} == {
+        "model.embed_tokens.weight": ["exp_avg", "exp_avg_sq"], "lm_head.weight": ["exp_avg", "exp_avg_sq"]}
+    (tmp_path / "resume").mkdir()
+    ckptfix.repair(str(epoch), str(tok), str(tmp_path / "resume" / "epoch_0"))
+
+    loader = FullModelHFCheckpointer(
+        checkpoint_dir=str(tmp_path / "base"), checkpoint_files=["epoch_0/model-00001-of-00001.safetensors"],
+        model_type="LLAMA3", output_dir=str(tmp_path / "resume"), should_load_recipe_state=True,
+        recipe_checkpoint="epoch_0/recipe_state.pt")
+    state = loader.load_checkpoint()
+    resumed = build(NEW)
+    resumed.load_state_dict(state["model"], strict=True)
+    opt2 = torch.optim.AdamW(resumed.parameters(), lr=1e-3)
+    opt2.load_state_dict(state["optimizer"])
+    assert state["epochs_run"] == 1
+    assert torch.equal(resumed.output.weight[:VOCAB], model.output.weight)
+    assert torch.equal(resumed.tok_embeddings.weight[:VOCAB], model.tok_embeddings.weight)
+    for (name, p), q in zip(model.named_parameters(), resumed.parameters()):
+        for key in ("exp_avg", "exp_avg_sq"):
+            old = opt.state[p][key]
+            assert torch.equal(opt2.state[q][key][:old.shape[0]], old), (name, key)
+    assert math.isfinite(step(resumed, opt2, NEW, 3))
+
+
 @pytest.mark.lightning
 def test_lightning_hyper_parameters_follow_the_rows(tmp_path):
     """A LightningModule that records its vocab_size with save_hyperparameters(): after repair,
