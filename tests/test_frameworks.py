@@ -77,7 +77,8 @@ def test_peft_adapter_with_modules_to_save_repairs_and_resumes(tmp_path):
 class _NanoGPT(torch.nn.Module):
     """nanoGPT's `GPT` (karpathy/nanoGPT model.py), module for module: the names and tying its checkpoints
     have. nanoGPT is a script repository, not a package: its layout and `train.py`'s resume steps are
-    written here from its source."""
+    written here from its source for where its own scripts are not cached (the test after this one runs
+    them)."""
 
     def __init__(self, n_layer: int, n_head: int, n_embd: int, block_size: int, bias: bool, vocab_size: int,
                  dropout: float = 0.0):
@@ -252,8 +253,12 @@ class _ComposerHF(torch.nn.Module):
 
 def test_composer_checkpoint_repairs_and_resumes(tmp_path):
     """Composer's layout (composer/core/state.py `State.state_dict`, saved as {'state': ..., 'rng': ...}):
-    optimizers and schedulers under their class names, the HF config among the integrations. Composer pins
-    its own torch, so its layout and `State.load_state_dict` steps are written here from its source."""
+    optimizers and schedulers under their class names, the HF config among the integrations. Composer cannot
+    be imported beside torch 2.13.0+cpu: mosaicml 0.32.1 pins torch<2.7.1 and torchvision<0.22.1, and even
+    installed --no-deps `import composer` imports torchvision (composer/core/data_spec.py), whose only build
+    for torch 2.13.0 (0.28.0) is the CUDA one: its _C.so needs libtorch_cuda.so, so `import torchvision` raises
+    "RuntimeError: operator torchvision::nms does not exist". Its layout and `State.load_state_dict` steps are
+    written here from its source."""
     wrapped = _ComposerHF(_tiny_llama(VOCAB))
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
@@ -300,8 +305,10 @@ def test_composer_checkpoint_repairs_and_resumes(tmp_path):
 
 def _timm_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """timm's `param_groups_weight_decay` (timm/optim/_param_groups.py), what `create_optimizer_v2` builds
-    AdamW from: the no-decay group (1-D or `.bias`) first. timm pins its own torch and torchvision, so its
-    rule is written here from its source."""
+    AdamW from: the no-decay group (1-D or `.bias`) first. timm 1.0.31 cannot be imported beside torch
+    2.13.0+cpu: `import timm` imports torchvision (timm/layers/create_norm.py), whose only build for torch
+    2.13.0 (0.28.0) is the CUDA one ("RuntimeError: operator torchvision::nms does not exist": its _C.so needs
+    libtorch_cuda.so). So its rule is written here from its source."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -335,9 +342,9 @@ def test_torchtune_recipe_state_beside_the_model_folder(tmp_path):
     """torchtune's FullModelHFCheckpointer layout (torchtune/training/checkpointing/_checkpointer.py):
     <output_dir>/epoch_0/model-00001-of-00001.safetensors (+ index, config.json) and the optimizer in
     <output_dir>/recipe_state/recipe_state.pt under 'optimizer' with seed/epochs_run/total_epochs. inspect of
-    the model folder checks those moments; repair writes the repaired recipe_state.pt into OUT. torchtune
-    pins its own torch, so the layout and its resume steps (optimizer.load_state_dict(ckpt['optimizer']))
-    are written here from its source."""
+    the model folder checks those moments; repair writes the repaired recipe_state.pt into OUT. The layout
+    and its resume steps (optimizer.load_state_dict(ckpt['optimizer'])) are written here from its source for
+    CI, where torchtune is not installed; torchtune's own checkpointer runs in the test after this one."""
     from safetensors.torch import save_file
 
     model = _tiny_llama(VOCAB)
