@@ -919,7 +919,7 @@ def _run(fmt: str, n: int, gen: Callable, rng: random.Random, seeds: dict[str, P
                 tracemalloc.stop()
         for r in results:
             runs += 1
-            _note_worst(fmt, r, size)
+            _note_worst(fmt, r, size, work, scratch)
             found = problems(r, size)
             slow = not found and r["seconds"] > TIME_LIMIT
             if found or slow:
@@ -939,12 +939,19 @@ _CACHES: dict[str, dict] = {}
 WORST: dict[str, dict[str, Any]] = {}
 
 
-def _note_worst(fmt: str, r: dict[str, Any], size: int) -> None:
+def _note_worst(fmt: str, r: dict[str, Any], size: int, work: Path, scratch: Path) -> None:
+    """Keep the record runs, and a copy of the input of the slowest one (under `worst/`) to time it alone."""
     worst = WORST.setdefault(fmt, {"seconds": 0.0, "cpu_seconds": 0.0, "peak_rss": 0, "peak_py": 0})
     for key in ("seconds", "cpu_seconds", "peak_rss", "peak_py"):
         if (key.endswith("seconds") or size < (1 << 20)) and r[key] > worst[key]:
             worst[key] = r[key]
             worst[key + "_argv"] = r["argv"]
+            if key == "cpu_seconds" and r[key] > 1.0:
+                keep = scratch / "worst" / fmt
+                if keep.exists():
+                    _rmtree(keep)
+                shutil.copytree(work, keep, symlinks=True, ignore=_skip_special)
+                (keep / "run.json").write_text(json.dumps({k: r[k] for k in ("argv", "cpu_seconds", "seconds", "peak_py")}))
 
 
 def _skip_special(folder: str, names: list[str]) -> list[str]:
