@@ -30,6 +30,9 @@ from ckptfix.checkpoint import Checkpoint, ParamState, TensorInfo
 MOMENT_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg",
                "acc_delta", "ax", "grad_avg", "prev", "exp_inf")
 
+# Parameters above which the order-preserving split of two groups is not tried (it is quadratic).
+_MAX_SPLIT = 3000
+
 # The Hugging Face Trainer puts these in its no-weight-decay group (biases and norm weights).
 _NO_DECAY = re.compile(r"(bias|norm|ln_|layernorm|layer_norm|rmsnorm)", re.IGNORECASE)
 
@@ -139,7 +142,8 @@ def map_optimizer(ckpt: Checkpoint) -> ParamMapping:
 def _hf_groups(ckpt: Checkpoint, params: list[str]) -> dict[Any, str] | None:
     """Two param groups, weight decay and none: the HF Trainer splits by name (biases, norms) with the decay
     group first; timm's `param_groups_weight_decay` (and nanoGPT) by shape (1-D or `.bias`), timm with the
-    no-decay group first. The group whose `weight_decay` is 0 is the no-decay one where the options say so."""
+    no-decay group first. The group whose `weight_decay` is 0 is the no-decay one where the options say so.
+    Where neither rule splits them, the one order-preserving split that fits the shapes (`_split_in_order`)."""
     assert ckpt.optimizer is not None
     groups = ckpt.optimizer.groups
     if len(groups) != 2:
@@ -158,7 +162,47 @@ def _hf_groups(ckpt: Checkpoint, params: list[str]) -> dict[Any, str] | None:
             pairs = list(zip(groups[d].params, decay)) + list(zip(groups[nd].params, no_decay))
             if _consistent(ckpt, pairs):
                 return dict(pairs)
+    for tolerant in (False, True):
+        split = _split_in_order(ckpt, groups[0].params, groups[1].params, params, tolerant)
+        if split is not None:
+            return split if _consistent(ckpt, list(split.items())) else None
     return None
+
+
+def _split_in_order(ckpt: Checkpoint, a: list[Any], b: list[Any], params: list[str],
+                    tolerant: bool) -> dict[Any, str] | None:
+    """Two groups each built in the model's parameter order, split by a rule not known here (timm adds the
+    model's own `no_weight_decay()` names, e.g. a ViT's `pos_embed` and `cls_token`, to its no-decay group):
+    the one interleaving of the two groups whose moment shapes fit the model's parameters in order. None when
+    no interleaving or more than one fits (then which moment is whose is not certain)."""
+    if len(a) + len(b) != len(params) or len(params) > _MAX_SPLIT:
+        return None
+    assert ckpt.optimizer is not None
+    state = ckpt.optimizer.state
+    sa = [moment_shape(state.get(i)) for i in a]
+    sb = [moment_shape(state.get(i)) for i in b]
+    n, m = len(a), len(b)
+    # ways[i][j]: how many interleavings (counted up to 2) of a[i:] and b[j:] fit params[i + j:]
+    ways = [[0] * (m + 1) for _ in range(n + 1)]
+    ways[n][m] = 1
+    for i in range(n, -1, -1):
+        for j in range(m, -1, -1):
+            if i < n or j < m:
+                param = ckpt.model[params[i + j]]
+                take_a = ways[i + 1][j] if i < n and _fits(sa[i], param, tolerant) else 0
+                take_b = ways[i][j + 1] if j < m and _fits(sb[j], param, tolerant) else 0
+                ways[i][j] = min(2, take_a + take_b)
+    if ways[0][0] != 1:
+        return None
+    out, i, j = {}, 0, 0
+    while i + j < len(params):  # the unique path: only one of the two steps leads to a fit
+        if i < n and ways[i + 1][j] and _fits(sa[i], ckpt.model[params[i + j]], tolerant):
+            out[a[i]] = params[i + j]
+            i += 1
+        else:
+            out[b[j]] = params[i + j]
+            j += 1
+    return out
 
 
 def _align(ckpt: Checkpoint, indices: list[Any], params: list[str]) -> dict[Any, str] | None:

@@ -71,7 +71,7 @@ def render_finding(f: dict[str, Any]) -> list[str]:
 
 
 _MAPPING = {"torch": "torch's param_names", "recorded": "recorded names", "fqn": "parameter names", "position": "position and shape",
-            "hf-groups": "HF Trainer decay groups", "aligned": "order and shape", "shape": "unique shapes (weak)",
+            "hf-groups": "two decay groups in model order", "aligned": "order and shape", "shape": "unique shapes (weak)",
             "none": "nothing"}
 
 

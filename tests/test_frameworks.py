@@ -4,10 +4,14 @@ layout and loading steps written from its source, as each test says)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import os
 import random
+import subprocess
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -258,7 +262,8 @@ def test_composer_checkpoint_repairs_and_resumes(tmp_path):
     installed --no-deps `import composer` imports torchvision (composer/core/data_spec.py), whose only build
     for torch 2.13.0 (0.28.0) is the CUDA one: its _C.so needs libtorch_cuda.so, so `import torchvision` raises
     "RuntimeError: operator torchvision::nms does not exist". Its layout and `State.load_state_dict` steps are
-    written here from its source."""
+    written here from its source; Composer's own Trainer saves and resumes in its own venv in
+    test_real_composer_checkpoint_inspects_and_repairs and test_real_composer_own_trainer_resumes_the_repair."""
     wrapped = _ComposerHF(_tiny_llama(VOCAB))
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
@@ -308,7 +313,8 @@ def _timm_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict
     AdamW from: the no-decay group (1-D or `.bias`) first. timm 1.0.31 cannot be imported beside torch
     2.13.0+cpu: `import timm` imports torchvision (timm/layers/create_norm.py), whose only build for torch
     2.13.0 (0.28.0) is the CUDA one ("RuntimeError: operator torchvision::nms does not exist": its _C.so needs
-    libtorch_cuda.so). So its rule is written here from its source."""
+    libtorch_cuda.so). So its rule is written here from its source (a checkpoint timm's own code wrote, in
+    its own venv, is tested in test_real_timm_checkpoint_maps_every_moment)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
@@ -336,6 +342,112 @@ def test_timm_group_order_maps_every_moment(tmp_path):
     for index, name in names.items():
         assert opt.state_dict()["state"][index]["exp_avg"].shape == state[name].shape
     assert len(names) == len(state) and not [f for f in report.findings if f.code == "CKF204"]
+
+
+def _frameworks_real():
+    """fixtures/frameworks_real.py: the checkpoints timm's and Composer's own code wrote (committed), and
+    where the venvs it builds them in are."""
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "frameworks_real.py"
+    spec = importlib.util.spec_from_file_location("frameworks_real", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_real_timm_checkpoint_maps_every_moment():
+    """timm 1.0.31's own code wrote this file (fixtures/frameworks_real.py, in its own venv): a ViT from
+    `timm.create_model`, AdamW from `create_optimizer_v2` after 2 steps, saved by `CheckpointSaver`. Its
+    no-decay group holds the 1-D and `.bias` parameters and the model's `no_weight_decay()` names
+    (`pos_embed`, `cls_token`: not 1-D), so neither split rule gives the groups; the order-preserving split
+    does, and every moment is mapped to its parameter, none by the weak shape method."""
+    real = _frameworks_real()
+    path = real.TIMM_CKPT
+    assert real.sha256(path) == real.SHA256["timm/checkpoint-0.pth.tar"]
+    report = ckptfix.inspect(str(path))
+    assert report.mapping.method == "hf-groups" and not [f for f in report.findings if f.code == "CKF204"]
+    saved = torch.load(path, weights_only=True)
+    model, groups = saved["state_dict"], saved["optimizer"]["param_groups"]
+    # timm/optim/_param_groups.py `param_groups_weight_decay`, with VisionTransformer.no_weight_decay()
+    no_decay = [n for n, t in model.items() if t.ndim <= 1 or n.endswith(".bias") or n in ("pos_embed", "cls_token")]
+    decay = [n for n in model if n not in no_decay]
+    assert groups[0]["weight_decay"] == 0 and groups[1]["weight_decay"] == 0.05
+    expected = {**dict(zip(groups[0]["params"], no_decay)), **dict(zip(groups[1]["params"], decay))}
+    assert report.mapping.names == expected and len(expected) == len(saved["optimizer"]["state"])
+
+
+def test_two_groups_split_two_ways_is_not_guessed(tmp_path):
+    """Two groups built in model order by a rule ckptfix does not know, where two interleavings fit the
+    shapes (a LayerNorm's weight and bias are both [4]): no decay-group mapping is claimed."""
+    model = torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Linear(4, 4))
+    opt = torch.optim.AdamW([{"params": [model[0].weight, model[1].weight, model[1].bias], "weight_decay": 0.1},
+                             {"params": [model[0].bias], "weight_decay": 0.0}], lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    src = tmp_path / "ckpt.pt"
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, src)
+    report = ckptfix.inspect(str(src))
+    assert report.mapping.method not in ("hf-groups", "position")
+    assert "0.weight" not in report.mapping.names.values()
+
+
+def _repair_real_composer(tmp_path):
+    real = _frameworks_real()
+    src = real.COMPOSER_CKPT
+    assert real.sha256(src) == real.SHA256["composer/ep0-ba2-rank0.pt"]
+    new = word_level_tokenizer(tmp_path / "new.json", NEW)
+    out = tmp_path / "ep0-ba2-rank0.fixed.pt"
+    ckptfix.repair(str(src), str(new), str(out))
+    return real, src, new, out
+
+
+def test_real_composer_checkpoint_inspects_and_repairs(tmp_path):
+    """Composer 0.32.1's own Trainer wrote this file (fixtures/frameworks_real.py, in its own venv):
+    HuggingFaceModel around a tiny Llama, 2 batches of AdamW with a warmup schedule, optimizer state saved
+    under parameter names. inspect is clean of vocab findings at its vocab and names both vocab tensors at
+    a larger one; repair keeps every old row and moment bit-identical, and the torch.__version__ Composer
+    stores (a TorchVersion object) is written back as read."""
+    real = _frameworks_real()
+    right = word_level_tokenizer(tmp_path / "right.json", real.COMPOSER_VOCAB)
+    report = ckptfix.inspect(str(real.COMPOSER_CKPT), tokenizer=str(right))
+    assert report.ckpt.format == "composer" and report.mapping.method == "fqn"
+    assert not [f for f in report.findings if f.severity == "error" or f.code.startswith("CKF1")]
+    _, src, new, out = _repair_real_composer(tmp_path)
+    wrong = ckptfix.inspect(str(src), tokenizer=str(new))
+    finding = next(f for f in wrong.findings if f.code == "CKF101")
+    assert set(finding.tensors) == {"model.model.embed_tokens.weight", "model.lm_head.weight"}
+
+    old = torch.load(src, weights_only=False)["state"]
+    fixed = torch.load(out, weights_only=False)["state"]
+    for name, t in old["model"].items():
+        back = fixed["model"][name]
+        assert back.dtype == t.dtype and torch.equal(back[:t.shape[0]], t), name
+        assert back.shape[0] == (NEW if "embed_tokens" in name or "lm_head" in name else t.shape[0])
+        for key, moment in old["optimizers"]["AdamW"]["state"][name].items():
+            back = fixed["optimizers"]["AdamW"]["state"][name][key]
+            assert torch.equal(back[:t.shape[0]] if back.ndim else back, moment), (name, key)
+    assert fixed["schedulers"] == old["schedulers"] and fixed["timestamp"] == old["timestamp"]
+    version = fixed["metadata"]["torch_version"]
+    assert type(version) is type(old["metadata"]["torch_version"]) and version == old["metadata"]["torch_version"]
+    assert fixed["integrations"]["huggingface"]["model"]["config"]["content"]["vocab_size"] == NEW
+
+
+def test_real_composer_own_trainer_resumes_the_repair(tmp_path):
+    """Composer's own loading code: `Trainer(load_path=<repaired file>)` with the model built at the new vocab
+    (run by fixtures/frameworks_real.py in the Composer venv; skipped where that venv is not built, as in CI).
+    It loads every weight and Adam moment (old rows as saved), resumes at batch 2 and trains batch 3 with a
+    finite loss, the Adam step count carried on (3)."""
+    real = _frameworks_real()
+    if not real.COMPOSER_PY.exists():
+        pytest.skip(f"no Composer venv at {real.COMPOSER_PY} (fixtures/frameworks_real.py says how to build it)")
+    _, src, _, out = _repair_real_composer(tmp_path)
+    run = subprocess.run([str(real.COMPOSER_PY), str(real.HERE / "frameworks_real.py"), "composer-resume", str(out),
+                          str(NEW), str(src)], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["old_rows_equal"] and result["rows"] == NEW and result["batch"] == 3 and result["steps"] == [3]
+    assert math.isfinite(result["loss"])
 
 
 def test_torchtune_recipe_state_beside_the_model_folder(tmp_path):

@@ -83,6 +83,16 @@ def _writable_data(obj: OpaqueObject) -> bool:
     return obj.called and obj.cls in DATA_CALLS and not obj.items and not obj.kwargs
 
 
+# str subclasses constructed from one string (NEWOBJ, no BUILD): Composer saves `torch.__version__` in its
+# checkpoint metadata. The writer re-emits that construction as read; anything else constructed stays refused.
+_STR_CONSTRUCTIONS = frozenset({"torch.torch_version.TorchVersion"})
+
+
+def _writable_construction(obj: OpaqueObject) -> bool:
+    return (not obj.called and obj.cls in _STR_CONSTRUCTIONS and len(obj.args) == 1 and isinstance(obj.args[0], str)
+            and obj.state is None and not obj.items and not obj.kwargs)
+
+
 def _as_written(value: Any) -> Any:
     """Arguments/state of a data record as the pickler writes them: tuples rebuilt with our stand-ins for
     torch values and classes named by their global; records and tensors are handled by `reducer_override`."""
@@ -174,6 +184,19 @@ class _Pickler(pickle._Pickler):
         self.memoize(obj)  # type: ignore[attr-defined]
 
     dispatch[_Global] = _save_named_global  # type: ignore[assignment]
+
+    def save(self, obj: Any, save_persistent_id: bool = True) -> None:
+        if isinstance(obj, OpaqueObject) and _writable_construction(obj):  # the NEWOBJ it was read from
+            memo = self.memo.get(id(obj))  # type: ignore[attr-defined]
+            if memo is not None:
+                self.write(self.get(memo[0]))  # type: ignore[attr-defined]
+                return
+            super().save(_named(obj.cls))  # type: ignore[misc]
+            super().save(obj.args)  # type: ignore[misc]
+            self.write(pickle.NEWOBJ)  # type: ignore[attr-defined]
+            self.memoize(obj)  # type: ignore[attr-defined]
+            return
+        super().save(obj, save_persistent_id)  # type: ignore[misc]
 
 
 @dataclass
