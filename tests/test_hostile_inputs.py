@@ -517,3 +517,59 @@ def test_repair_of_a_deeply_nested_optimizer_value_is_one_line(base, hf_folder, 
                                                    "than a few hundred levels deep (real checkpoints nest a few); "
                                                    "nothing was written"), r
     assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def _patch_central_directory(data: bytes, suffix: bytes, patch) -> bytes:
+    """`data` (a zip) with `patch(fixed_46_byte_header)` applied to member `suffix`'s central directory entry."""
+    import struct
+
+    eocd = data.rfind(b"PK\x05\x06")
+    cd_size, cd_off = struct.unpack_from("<II", data, eocd + 12)
+    out, i = bytearray(data), cd_off
+    while i < cd_off + cd_size:
+        nlen, elen, clen = struct.unpack_from("<HHH", out, i + 28)
+        if bytes(out[i + 46:i + 46 + nlen]).endswith(suffix):
+            patch(out, i)
+        i += 46 + nlen + elen + clen
+    return bytes(out)
+
+
+def test_stored_member_with_a_lying_compressed_size(base, tmp_path):
+    """Found by the fuzzer: a stored data.pkl whose central directory claims 2.9 GB of compressed bytes
+    made zipfile read(2.9 GB) (a 1 GiB Python buffer before a byte was read). Exact line, exit 2."""
+    import struct
+
+    data = _patch_central_directory(base["good"].read_bytes(), b"data.pkl",
+                                    lambda b, i: struct.pack_into("<I", b, i + 20, 2_896_542_633))
+    path = tmp_path / "lying.pth"
+    path.write_bytes(data)
+    pkl = zipfile.ZipFile(base["good"]).getinfo(next(n for n in zipfile.ZipFile(base["good"]).namelist()
+                                                     if n.endswith("data.pkl")))
+    code, peak = _python_peak(["inspect", str(path)])
+    assert code == 2 and peak < 16 << 20, (code, peak >> 20)
+    r = mc.run_batch([{"id": 0, "argv": ["inspect", str(path)]}], cwd=tmp_path)[0]
+    assert (r["code"], r["stderr"].strip()) == (2, (
+        f"{ERR}{path}: data.pkl declares 2,896,542,633 stored bytes for {pkl.file_size:,} "
+        f"(a file of {len(data):,}); corrupt zip directory"))
+
+
+def test_dcp_record_with_an_unknown_zip_version(tmp_path):
+    """Found by the fuzzer: a real dcp.save folder whose item zip (inside the .distcp) names an extract
+    version zipfile does not implement ('zip file version 25.5', NotImplementedError: exit 3 before)."""
+    import struct
+
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": {"w": torch.zeros(3)}, "step": 1}, checkpoint_id=str(tmp_path / "dcp"))
+    shard = next((tmp_path / "dcp").glob("*.distcp"))
+    # every central directory entry in the file (one zip per item): version needed to extract = 25.5
+    data, i = bytearray(shard.read_bytes()), 0
+    while (i := data.find(b"PK\x01\x02", i)) >= 0:
+        struct.pack_into("<H", data, i + 6, 255)
+        i += 4
+    shard.write_bytes(bytes(data))
+    r = mc.run_batch([{"id": 0, "argv": ["inspect", str(tmp_path / "dcp"), "--verify"]}], cwd=tmp_path)[0]
+    assert r["code"] == 2 and r["stderr"].count("\n") == 1, r
+    assert r["stderr"].startswith(f"{ERR}{shard}: record of ") and "(zip file version 25.5)" in r["stderr"], r

@@ -651,7 +651,8 @@ class _Blob:
         try:
             with zipfile.ZipFile(self.window) as zf:
                 self.members = {i.filename.split("/", 1)[-1]: i for i in zf.infolist()}
-        except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error) as exc:
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error, NotImplementedError) as exc:
+            # NotImplementedError: a damaged "version needed to extract" field ("zip file version 25.5")
             raise UnreadableCheckpoint(f"{file}: record of {fqn!r} is not a readable torch.save zip ({exc})") from None
 
     def _info(self, name: str) -> zipfile.ZipInfo:

@@ -89,6 +89,11 @@ class TorchArchive:
             return None
         if info.file_size > MAX_SMALL_RECORD:
             raise UnreadableCheckpoint(f"{self.path}: {suffix} declares {info.file_size} bytes; refusing to read it")
+        if info.compress_size > self.size or (info.compress_type == zipfile.ZIP_STORED
+                                              and info.compress_size != info.file_size):
+            # zipfile reads a stored member with one read(compress_size): a lying size allocates it first
+            raise UnreadableCheckpoint(f"{self.path}: {suffix} declares {info.compress_size:,} stored bytes for "
+                                       f"{info.file_size:,} (a file of {self.size:,}); corrupt zip directory")
         if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_INFLATE_RATIO * info.compress_size + (1 << 20):
             # torch.save never compresses; a repacked archive compresses a pickle ~5-10x, a bomb 1000x
             raise UnreadableCheckpoint(f"{self.path}: {suffix} inflates {info.compress_size:,} bytes to "
