@@ -391,48 +391,62 @@ def test_two_groups_split_two_ways_is_not_guessed(tmp_path):
     assert "0.weight" not in report.mapping.names.values()
 
 
-def _repair_real_composer(tmp_path):
+# Composer's fixtures: the model class, its vocab tensors (the head tied to `wte` in GPT-2)
+_COMPOSER_ARCHS = {"llama": ("model.model.embed_tokens.weight", "model.lm_head.weight"),
+                   "gpt2": ("model.transformer.wte.weight", "model.lm_head.weight")}
+
+
+def _repair_real_composer(tmp_path, arch: str):
     real = _frameworks_real()
-    src = real.COMPOSER_CKPT
-    assert real.sha256(src) == real.SHA256["composer/ep0-ba2-rank0.pt"]
+    src = real.COMPOSER_CKPTS[arch]
+    assert real.sha256(src) == real.SHA256[str(src.relative_to(real.HERE / "frameworks"))]
     new = word_level_tokenizer(tmp_path / "new.json", NEW)
     out = tmp_path / "ep0-ba2-rank0.fixed.pt"
     ckptfix.repair(str(src), str(new), str(out))
     return real, src, new, out
 
 
-def test_real_composer_checkpoint_inspects_and_repairs(tmp_path):
-    """Composer 0.32.1's own Trainer wrote this file (fixtures/frameworks_real.py, in its own venv):
-    HuggingFaceModel around a tiny Llama, 2 batches of AdamW with a warmup schedule, optimizer state saved
-    under parameter names. inspect is clean of vocab findings at its vocab and names both vocab tensors at
-    a larger one; repair keeps every old row and moment bit-identical, and the torch.__version__ Composer
-    stores (a TorchVersion object) is written back as read."""
+@pytest.mark.parametrize("arch", sorted(_COMPOSER_ARCHS))
+def test_real_composer_checkpoint_inspects_and_repairs(tmp_path, arch):
+    """Composer 0.32.1's own Trainer wrote these files (fixtures/frameworks_real.py, in its own venv):
+    HuggingFaceModel around a tiny Llama (untied) or GPT-2 (head tied to wte), 2 batches of AdamW with a
+    warmup schedule, optimizer state saved under parameter names. inspect is clean of vocab findings at its
+    vocab and names the vocab tensors at a larger one (GPT-2's head as tied); repair keeps every old row and
+    moment bit-identical and the tie one storage, and the torch.__version__ Composer stores (a TorchVersion
+    object) is written back as read."""
     real = _frameworks_real()
+    embedding, head = _COMPOSER_ARCHS[arch]
     right = word_level_tokenizer(tmp_path / "right.json", real.COMPOSER_VOCAB)
-    report = ckptfix.inspect(str(real.COMPOSER_CKPT), tokenizer=str(right))
+    report = ckptfix.inspect(str(real.COMPOSER_CKPTS[arch]), tokenizer=str(right))
     assert report.ckpt.format == "composer" and report.mapping.method == "fqn"
     assert not [f for f in report.findings if f.severity == "error" or f.code.startswith("CKF1")]
-    _, src, new, out = _repair_real_composer(tmp_path)
+    assert {v.name: v.tied_to for v in report.vocab} == {embedding: None, head: embedding if arch == "gpt2" else None}
+    _, src, new, out = _repair_real_composer(tmp_path, arch)
     wrong = ckptfix.inspect(str(src), tokenizer=str(new))
     finding = next(f for f in wrong.findings if f.code == "CKF101")
-    assert set(finding.tensors) == {"model.model.embed_tokens.weight", "model.lm_head.weight"}
+    assert set(finding.tensors) <= {embedding, head} and embedding in finding.tensors
 
     old = torch.load(src, weights_only=False)["state"]
     fixed = torch.load(out, weights_only=False)["state"]
     for name, t in old["model"].items():
         back = fixed["model"][name]
         assert back.dtype == t.dtype and torch.equal(back[:t.shape[0]], t), name
-        assert back.shape[0] == (NEW if "embed_tokens" in name or "lm_head" in name else t.shape[0])
-        for key, moment in old["optimizers"]["AdamW"]["state"][name].items():
+        assert back.shape[0] == (NEW if name in (embedding, head) else t.shape[0])
+        moments = old["optimizers"]["AdamW"]["state"]
+        assert (name in moments) != (arch == "gpt2" and name == head)  # a tied head has no optimizer entry
+        for key, moment in moments.get(name, {}).items():
             back = fixed["optimizers"]["AdamW"]["state"][name][key]
             assert torch.equal(back[:t.shape[0]] if back.ndim else back, moment), (name, key)
     assert fixed["schedulers"] == old["schedulers"] and fixed["timestamp"] == old["timestamp"]
     version = fixed["metadata"]["torch_version"]
     assert type(version) is type(old["metadata"]["torch_version"]) and version == old["metadata"]["torch_version"]
     assert fixed["integrations"]["huggingface"]["model"]["config"]["content"]["vocab_size"] == NEW
+    tied = fixed["model"][head].untyped_storage().data_ptr() == fixed["model"][embedding].untyped_storage().data_ptr()
+    assert tied == (arch == "gpt2")
 
 
-def test_real_composer_own_trainer_resumes_the_repair(tmp_path):
+@pytest.mark.parametrize("arch", sorted(_COMPOSER_ARCHS))
+def test_real_composer_own_trainer_resumes_the_repair(tmp_path, arch):
     """Composer's own loading code: `Trainer(load_path=<repaired file>)` with the model built at the new vocab
     (run by fixtures/frameworks_real.py in the Composer venv; skipped where that venv is not built, as in CI).
     It loads every weight and Adam moment (old rows as saved), resumes at batch 2 and trains batch 3 with a
@@ -440,9 +454,9 @@ def test_real_composer_own_trainer_resumes_the_repair(tmp_path):
     real = _frameworks_real()
     if not real.COMPOSER_PY.exists():
         pytest.skip(f"no Composer venv at {real.COMPOSER_PY} (fixtures/frameworks_real.py says how to build it)")
-    _, src, _, out = _repair_real_composer(tmp_path)
+    _, src, _, out = _repair_real_composer(tmp_path, arch)
     run = subprocess.run([str(real.COMPOSER_PY), str(real.HERE / "frameworks_real.py"), "composer-resume", str(out),
-                          str(NEW), str(src)], capture_output=True, text=True, timeout=300,
+                          str(NEW), str(src), arch], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": ""})
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
