@@ -396,11 +396,11 @@ _COMPOSER_ARCHS = {"llama": ("model.model.embed_tokens.weight", "model.lm_head.w
                    "gpt2": ("model.transformer.wte.weight", "model.lm_head.weight")}
 
 
-def _repair_real_composer(tmp_path, arch: str):
+def _repair_real_composer(tmp_path, arch: str, vocab: int = NEW):
     real = _frameworks_real()
     src = real.COMPOSER_CKPTS[arch]
     assert real.sha256(src) == real.SHA256[str(src.relative_to(real.HERE / "frameworks"))]
-    new = word_level_tokenizer(tmp_path / "new.json", NEW)
+    new = word_level_tokenizer(tmp_path / "new.json", vocab)
     out = tmp_path / "ep0-ba2-rank0.fixed.pt"
     ckptfix.repair(str(src), str(new), str(out))
     return real, src, new, out
@@ -445,22 +445,22 @@ def test_real_composer_checkpoint_inspects_and_repairs(tmp_path, arch):
     assert tied == (arch == "gpt2")
 
 
-@pytest.mark.parametrize("arch", sorted(_COMPOSER_ARCHS))
-def test_real_composer_own_trainer_resumes_the_repair(tmp_path, arch):
+@pytest.mark.parametrize("arch, vocab", [("gpt2", NEW), ("llama", NEW), ("llama", 190)])
+def test_real_composer_own_trainer_resumes_the_repair(tmp_path, arch, vocab):
     """Composer's own loading code: `Trainer(load_path=<repaired file>)` with the model built at the new vocab
     (run by fixtures/frameworks_real.py in the Composer venv; skipped where that venv is not built, as in CI).
-    It loads every weight and Adam moment (old rows as saved), resumes at batch 2 and trains batch 3 with a
+    It loads every weight and Adam moment (old rows as saved; to 190 tokens, the rows kept), resumes at batch 2 and trains batch 3 with a
     finite loss, the Adam step count carried on (3)."""
     real = _frameworks_real()
     if not real.COMPOSER_PY.exists():
         pytest.skip(f"no Composer venv at {real.COMPOSER_PY} (fixtures/frameworks_real.py says how to build it)")
-    _, src, _, out = _repair_real_composer(tmp_path, arch)
+    _, src, _, out = _repair_real_composer(tmp_path, arch, vocab)
     run = subprocess.run([str(real.COMPOSER_PY), str(real.HERE / "frameworks_real.py"), "composer-resume", str(out),
-                          str(NEW), str(src), arch], capture_output=True, text=True, timeout=300,
+                          str(vocab), str(src), arch], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": ""})
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["old_rows_equal"] and result["rows"] == NEW and result["batch"] == 3 and result["steps"] == [3]
+    assert result["old_rows_equal"] and result["rows"] == vocab and result["batch"] == 3 and result["steps"] == [3]
     assert math.isfinite(result["loss"])
 
 
