@@ -800,6 +800,12 @@ def test_sigint_or_sigterm_during_write_cleans_up(inputs, tmp_path, sig, code, m
     fired, seen, proc = kill_when(cli(inputs["big"], "-t", inputs["tok"], "-o", out, "--init", "zeros"), out,
                                   lambda s: s.tmp_bytes > 0, sig=sig)
     assert fired and seen.tmp_bytes > 0
+    if proc.returncode == 0 and not proc.stderr:
+        # The signal was taken after the last record was written and the temp file renamed (seen once on a
+        # quiet CI machine: the writer finished within the slice it was let run): the output is whole.
+        assert os.listdir(tmp_path) == ["out.pth"] and sha256(inputs["big"]) == inputs["big_sha"]
+        assert torch.load(out, weights_only=True, mmap=True) is not None
+        return
     assert proc.returncode == code and proc.stderr.strip() == message, (proc.returncode, proc.stderr)
     assert os.listdir(tmp_path) == [] and sha256(inputs["big"]) == inputs["big_sha"]
 
