@@ -59,3 +59,29 @@ def test_in_place_rewrites_only_the_vocab_shards(tmp_path):
     done = restore(str(folder))
     assert any("model.safetensors.index.json" in line for line in done)
     assert files(folder) == before
+
+
+def test_an_error_at_the_switch_puts_the_folder_back(tmp_path, monkeypatch):
+    """The index write fails (after the new shards, the backups and the restore list): the folder is as it
+    was, but for the restore list already committed, which `restore` then finds with nothing left to undo."""
+    from ckptfix.surgery import write_hf_inplace
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=OLD, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=False)
+    folder = tmp_path / "llama"
+    transformers.LlamaForCausalLM(config).save_pretrained(folder, max_shard_size="8KB")
+    tok = train_bpe_tokenizer_json(tmp_path, 80, name="bpe80.json")
+    before = files(folder)
+    real = write_hf_inplace.atomic_write
+
+    def failing(path, data):
+        if path.endswith(".index.json"):
+            raise OSError("disk full")
+        real(path, data)
+
+    monkeypatch.setattr(write_hf_inplace, "atomic_write", failing)
+    with pytest.raises(Exception, match="disk full"):
+        ckptfix.repair(folder, tok, in_place=True, keep_ids=True)
+    after = files(folder)
+    assert {k: v for k, v in after.items() if k != "ckptfix-restore.json"} == before

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Any, Callable
 
 from ckptfix.errors import RepairError
 from ckptfix.io import fsync_dir
@@ -47,6 +48,20 @@ class InPlace:
         (os.rename if move else shutil.copy2)(self.path(name), self.path(backup))
         self.backups[name] = backup
         return self.path(backup)
+
+    def __enter__(self) -> InPlace:
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is not None:  # an error or Ctrl-C before the switch: everything back as it was
+            self.abandon()
+
+    def switch_over(self, write: Callable[[str], None]) -> None:
+        """The restore list, then the switch file (`write(path)` replaces it atomically): the one step that
+        switches the checkpoint."""
+        self.commit()
+        write(self.path(self.switch))
+        fsync_dir(self.folder)
 
     def commit(self) -> None:
         atomic_write(self.path(RESTORE_FILE), json.dumps(

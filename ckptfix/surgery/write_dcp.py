@@ -48,7 +48,7 @@ from ckptfix.checkpoint import stored_to_torch
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout, Item
-from ckptfix.io import atomic_folder, backup_path, clone_file, copy_input_entry, fsync_dir, prefetch
+from ckptfix.io import atomic_folder, backup_path, clone_file, copy_input_entry, prefetch
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.undo import BACKUP_SUFFIX, RESTORE_FILE, InPlace, atomic_write
 
@@ -377,7 +377,7 @@ def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record
     folder = plan.ckpt.path
     undo = InPlace(folder, METADATA_FILE)
     new_file = _new_data_name(folder)
-    try:
+    with undo:
         if edits.writes:
             undo.add(new_file)
         _save_changed(edits, folder, new_file, progress)
@@ -389,14 +389,13 @@ def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record
         if meta is not None:
             undo.keep(dcp_folder.LIGHTNING_META)
             atomic_write(undo.path(dcp_folder.LIGHTNING_META), meta)
-        undo.commit()
-        tmp = undo.path(f".{METADATA_FILE}.ckptfix-tmp")
-        _write_metadata(metadata, tmp)
-        os.replace(tmp, undo.path(METADATA_FILE))  # the one step that switches the checkpoint
-        fsync_dir(folder)
-    except BaseException:
-        undo.abandon()
-        raise
+
+        def replace_metadata(path: str) -> None:
+            tmp = undo.path(f".{METADATA_FILE}.ckptfix-tmp")
+            _write_metadata(metadata, tmp)
+            os.replace(tmp, path)
+
+        undo.switch_over(replace_metadata)
     plan.notes.append(f"DCP in place: changed tensors written to {new_file}; the previous .metadata is kept as "
                       f"{METADATA_FILE}{BACKUP_SUFFIX} (undo: ckptfix restore {folder})")
     return backup or ""

@@ -17,7 +17,6 @@ from typing import Any, Callable
 import numpy as np
 
 from ckptfix.errors import RepairError
-from ckptfix.io import fsync_dir
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.undo import InPlace, atomic_write
 from ckptfix.surgery.write_hf import (
@@ -38,7 +37,7 @@ def write_hf_in_place(plan: RepairPlan, out: str, record_fn: Callable[[], dict],
     index_name = _index(folder)
     undo = InPlace(folder, index_name)
     shards = {os.path.basename(plan.ckpt.model[name].locate().file) for name in plan.weights}
-    try:
+    with undo:
         renamed = {shard: _new_shard_name(folder, shard) for shard in sorted(shards)}
         for shard, new in renamed.items():
             _rewrite_weights(plan, undo.path(shard), undo.add(new), rng, progress)
@@ -47,12 +46,7 @@ def write_hf_in_place(plan: RepairPlan, out: str, record_fn: Callable[[], dict],
         undo.keep(RECORD_FILE)
         atomic_write(undo.path(RECORD_FILE), _record(record_fn))
         undo.keep(index_name)
-        undo.commit()
-        atomic_write(undo.path(index_name), index)  # the step that switches the weights
-        fsync_dir(folder)
-    except BaseException:
-        undo.abandon()
-        raise
+        undo.switch_over(lambda path: atomic_write(path, index))
     plan.notes.append(f"HF in place: {', '.join(f'{a} -> {b}' for a, b in renamed.items())}; the other shards "
                       f"untouched; previous index kept as {index_name}.ckptfix-bak (undo: ckptfix restore {folder})")
     return undo.path(undo.backups[index_name])
