@@ -34,7 +34,7 @@ allocation. tracemalloc, which charges every allocation of the process (it rough
 runs only on every `TRACE_EVERY`-th input, and on all of them where /proc lacks VmHWM: a cross-check of
 the Python heap that does not depend on the allocator giving pages back.
 
-    nice -n 15 python tests/fuzz_structured.py FORMAT|all N [SEED] [--until HH:MM]   # the long run (UTC)
+    nice -n 15 python tests/fuzz_structured.py FORMAT[,FORMAT...]|all N [SEED] [--until HH:MM]   # the long run (UTC)
 """
 
 from __future__ import annotations
@@ -972,7 +972,7 @@ def _rmtree(path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """FORMAT (or `all`: every format in turn, 200 inputs each) N [SEED] [--until HH:MM UTC]."""
+    """FORMAT[,FORMAT...] (or `all`: every format in turn, 200 inputs each) N [SEED] [--until HH:MM UTC]."""
     fmt, n = argv[0], int(argv[1])
     seed = int(argv[2]) if len(argv) > 2 and not argv[2].startswith("--") else 0
     until = None
@@ -981,7 +981,7 @@ def main(argv: list[str]) -> int:
         now = time.gmtime()
         until = time.mktime(time.struct_time((now.tm_year, now.tm_mon, now.tm_mday, int(hh), int(mm), 0, 0, 0, 0))) \
             - time.timezone
-    formats = list(FORMATS) if fmt == "all" else [fmt]
+    formats = list(FORMATS) if fmt == "all" else fmt.split(",")
     scratch = Path(os.environ.get("FUZZ_DIR") or tempfile.mkdtemp(prefix="ckptfix-fuzz-"))
     seeds = _load_seeds(scratch / "seeds", deepspeed="deepspeed" in formats)
     logs = {f: open(scratch / f"failures-{f}.jsonl", "a") for f in formats}
