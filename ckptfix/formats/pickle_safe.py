@@ -665,7 +665,11 @@ def _prescan(data: bytes, origin: str) -> None:
                         depth = max(depth, item[1] + 1)
                     else:
                         weight += 1
-                if depth > MAX_TUPLE_DEPTH or weight > largest:
+                if depth > MAX_TUPLE_DEPTH:
+                    raise UnreadableCheckpoint(
+                        f"{origin}: pickle holds a tuple nested more than {MAX_TUPLE_DEPTH} deep (real checkpoints "
+                        "nest a few; hashing one nested ~100k deep overflows the C stack); not a checkpoint")
+                if weight > largest:
                     raise UnreadableCheckpoint(
                         f"{origin}: pickle holds a tuple nested {depth} deep that expands to {weight:,} nodes "
                         "(a memo bomb: hashing it would hang or crash the unpickler); not a checkpoint")
