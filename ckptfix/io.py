@@ -197,16 +197,16 @@ def _remove(path: str) -> None:
 _COPY_CHUNK = 1 << 26
 
 
-def copy_range(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, size: int) -> None:
+def copy_range(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, size: int) -> str:
     """Copy `size` bytes between open files at the given offsets, kernel side (`copy_file_range`;
-    plain reads and writes where it is unsupported).
+    plain reads and writes where it is unsupported); returns the method, "copy_file_range" or "read/write".
 
     Each copied chunk's writeback is started at once (POSIX_FADV_DONTNEED on a dirty range begins
     writing it back): the disk writes while the copy goes on, instead of all of it waiting for the
     final fsync as after `cp` + `sync`; pages still dirty or under writeback stay cached."""
-    done = 0
+    done, method = 0, "copy_file_range"
     while done < size:
-        n = _copy_chunk(src_fd, dst_fd, src_pos + done, dst_pos + done, min(_COPY_CHUNK, size - done))
+        n, method = _copy_chunk(src_fd, dst_fd, src_pos + done, dst_pos + done, min(_COPY_CHUNK, size - done))
         if n <= 0:
             raise OSError(errno.EIO, f"short copy from the source at byte {src_pos + done}")
         if hasattr(os, "posix_fadvise"):
@@ -214,17 +214,18 @@ def copy_range(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, size: int) 
                 os.posix_fadvise(dst_fd, dst_pos + done, n, os.POSIX_FADV_DONTNEED)
         done += n
         _report_copied(src_fd, src_pos + done)
+    return method
 
 
-def _copy_chunk(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, n: int) -> int:
+def _copy_chunk(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, n: int) -> tuple[int, str]:
     if hasattr(os, "copy_file_range"):
         try:
-            return os.copy_file_range(src_fd, dst_fd, n, src_pos, dst_pos)
+            return os.copy_file_range(src_fd, dst_fd, n, src_pos, dst_pos), "copy_file_range"
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                 raise
     data = os.pread(src_fd, n, src_pos)
-    return os.pwrite(dst_fd, data, dst_pos)
+    return os.pwrite(dst_fd, data, dst_pos), "read/write"
 
 
 def sha256_file(path: str, chunk: int = 1 << 24) -> str:
@@ -390,6 +391,27 @@ def clone_file(src: str, dst: str) -> str:
         return "link"
     with open_regular(src, error=RepairError) as fin, open(dst, "xb") as fout:  # never a FIFO or device
         method = _clone(fin.fileno(), fout.fileno()) or _kernel_copy(fin.fileno(), fout.fileno())
+    shutil.copymode(src, dst)
+    return method
+
+
+def clone_records(src: str, dst: str, keep: list[tuple[int, int]]) -> str:
+    """`clone_file` for a file of which only the `keep` byte ranges (offset, length) are still used.
+    A reflink shares the whole file (no data copied: leaving parts out would save nothing); otherwise
+    only those ranges are copied, each to its own offset, and the rest of `dst` is a hole (it reads as
+    zeros and takes no disk). For a DCP rank file whose vocab records were replaced: the records kept
+    keep their offsets (the `.metadata` entries stay valid) and the old vocab bytes are neither read nor
+    written, so the copy costs what `cp` of the records still used would."""
+    from ckptfix.untrusted import open_regular
+
+    with open_regular(src, error=RepairError) as fin, open(dst, "xb") as fout:
+        method = _clone(fin.fileno(), fout.fileno())
+        if method is None:
+            method = "copy_file_range"
+            for offset, length in keep:
+                if copy_range(fin.fileno(), fout.fileno(), offset, offset, length) != method:
+                    method = "read/write"
+            os.ftruncate(fout.fileno(), os.fstat(fin.fileno()).st_size)
     shutil.copymode(src, dst)
     return method
 

@@ -269,7 +269,8 @@ def test_cli_in_place_and_restore(source, tokenizers, tmp_path, capsys):
 
 def test_progress_counts_the_changed_tensors_then_the_copied_files(source, tokenizers, tmp_path):
     """The DCP writer reports to a `progress` callable: the changed tensors (label "repair"), then, in a new
-    folder, each copied data file as its copy ends (label "copy"); every total is the bytes it counts."""
+    folder, each copied data file as its copy ends (label "copy"); every total is the bytes it counts (for
+    a copy, the records still referenced: the replaced ones are not copied)."""
     import shutil
 
     path, _, _ = source
@@ -283,7 +284,11 @@ def test_progress_counts_the_changed_tensors_then_the_copied_files(source, token
         seen.append((label, total, done))
 
     _quiet(ckptfix.repair, path, tokenizers[64], tmp_path / "out", progress=progress)
-    data = sum(os.path.getsize(p) for p in path.glob("*.distcp"))
+    fixed = read_checkpoint(tmp_path / "out").raw.items
+    replaced = {fqn for fqn, item in fixed.items() if item.blobs[0][0].endswith("__ckptfix0_0.distcp")}
+    data = sum(blob[2] for fqn, item in read_checkpoint(path).raw.items.items() if fqn not in replaced
+               for blob in item.blobs)
+    assert len(replaced) == 6 and data < sum(os.path.getsize(p) for p in path.glob("*.distcp"))
     assert [label for label, _, _ in seen] == ["repair", "copy"]
     assert all(total == done > 0 for _, total, done in seen) and seen[1][1] == data
     copy, seen[:] = tmp_path / "inplace", []

@@ -105,6 +105,35 @@ def test_two_rank_save_repaired_offline_resumes_on_two_and_one_ranks(two_ranks, 
         assert_resumed(resume_run(out, world=world, vocab=vocab), ref, vocab)
 
 
+def test_new_folder_copies_only_the_records_still_referenced(two_ranks, tokenizers, tmp_path):
+    """Without reflink, each rank file's kept records are copied at their own offsets (bit-identical) and
+    the replaced vocab records are left as holes: zeros, never read from the source nor written."""
+    folder, _ = two_ranks
+    out = tmp_path / "fixed"
+    result = ckptfix.repair(folder, tokenizers[64], out)
+    source, fixed = read_checkpoint(folder).raw, read_checkpoint(out).raw
+    notes = " ".join(result.to_json()["notes"])
+    replaced = [fqn for fqn, item in fixed.items.items() if item.blobs[0][0].endswith("__ckptfix0_0.distcp")]
+    assert len(replaced) == 6, replaced  # embedding, head and their two moments each
+    kept_bytes = left_out = 0
+    for fqn, item in source.items.items():
+        for file, offset, length, _ in item.blobs:
+            name = os.path.basename(file)
+            with open(file, "rb") as a, open(out / name, "rb") as b:
+                a.seek(offset)
+                b.seek(offset)
+                was, now = a.read(length), b.read(length)
+            if fqn in replaced:
+                left_out += length
+                assert now == bytes(length) or "reflink" in notes, fqn
+            else:
+                kept_bytes += length
+                assert now == was, fqn
+    assert all(os.path.getsize(out / n) == os.path.getsize(folder / n) for n in os.listdir(folder)
+               if n.endswith(".distcp"))
+    assert "reflink" in notes or "left out as holes" in notes and left_out > 0, notes
+
+
 def test_in_place_writes_only_the_changed_pieces_and_restore_undoes_it(two_ranks, tokenizers, tmp_path):
     """`--in-place`: a new data file and a swapped `.metadata`; the rank files are not touched; undo restores."""
     import torch.distributed.checkpoint as dcp

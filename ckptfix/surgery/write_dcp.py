@@ -12,9 +12,10 @@ pickled objects (torchtitan's BytesIO dataloader state, anything the allowlist w
 never unpickled nor rewritten: their bytes stay as saved.
 
 Two modes:
-- a new folder (`-o OUT`): the source's data files still referenced are copied whole with reflink
-  (copy-on-write, no data copied) where the file system has it, else `copy_file_range`; never hard links;
-  old vocab pieces stay in those copies, unreferenced. The folder appears atomically.
+- a new folder (`-o OUT`): the source's data files still referenced are copied with reflink (copy-on-write,
+  no data copied; the old vocab pieces stay in them, unreferenced) where the file system has it, else with
+  `copy_file_range` of the records still referenced only, each at its own offset, the replaced records
+  left as holes (neither read nor written); never hard links. The folder appears atomically.
 - in place (`--in-place`): the new data file is added to the source folder, the previous `.metadata`
   (and `ckptfix.json`) kept as backups listed in `ckptfix-restore.json`, and the new `.metadata` swapped
   in with one rename; `ckptfix restore FOLDER` puts the old ones back. Cost: the changed tensors alone.
@@ -48,7 +49,7 @@ from ckptfix.checkpoint import stored_to_torch
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout, Item
-from ckptfix.io import atomic_folder, backup_path, clone_file, copy_input_entry, prefetch
+from ckptfix.io import atomic_folder, backup_path, clone_records, copy_input_entry, prefetch
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.undo import BACKUP_SUFFIX, RESTORE_FILE, InPlace, atomic_write
 
@@ -72,11 +73,12 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
         return _write_in_place(plan, layout, edits, record_fn, progress)
     src = plan.ckpt.path
     backup = backup_path(out) if in_place and os.path.exists(out) else None
-    referenced = _still_referenced(layout, edits, src)
+    kept = _kept_records(layout, edits, src)
+    referenced = sorted(kept)
     with atomic_folder(out, backup=in_place) as tmp, ThreadPoolExecutor(1) as pool:
         # The unchanged data files are copied (in the kernel) while the changed tensors are computed and
         # saved: the repair then takes about as long as the copy alone. Leaving the `with` waits for it.
-        copies = [_Copy(pool, os.path.join(src, name), os.path.join(tmp, name)) for name in referenced]
+        copies = [_Copy(pool, os.path.join(src, name), os.path.join(tmp, name), kept[name]) for name in referenced]
         try:
             new_file = _save_changed(edits, tmp, _new_data_name(src), progress)
         except BaseException:
@@ -93,12 +95,15 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
             else:
                 copy_input_entry(os.path.join(src, name), os.path.join(tmp, name), src)
         methods: dict[str, int] = {}
+        holes = 0
         for copy in (progress(copies, sum(c.nbytes for c in copies), "copy") if progress else copies):
             method = copy.result()  # a bar advances as each file's copy ends
             methods[method] = methods.get(method, 0) + 1
+            holes += copy.left_out if method != "reflink" else 0
         method = ", ".join(f"{m} x{n}" for m, n in methods.items()) or "nothing copied"
-        plan.notes.append(f"DCP: {len(referenced)} data file(s) copied ({method}); changed tensors written to "
-                          f"{new_file}")
+        left_out = f"; the replaced records ({holes / 1e6:,.1f} MB) left out as holes" if holes else ""
+        plan.notes.append(f"DCP: {len(referenced)} data file(s) copied ({method}{left_out}); changed tensors "
+                          f"written to {new_file}")
         _write_metadata(metadata, os.path.join(tmp, METADATA_FILE))
         with open(os.path.join(tmp, RECORD_FILE), "wb") as f:
             f.write(_record(record_fn))
@@ -175,20 +180,37 @@ class _Produce:
 
 
 class _Copy:
-    """One data file's copy, queued on the worker; `nbytes` for a progress bar."""
+    """One data file's copy (its records still referenced), queued on the worker; `nbytes` for a progress
+    bar, `left_out` the bytes of its replaced records."""
 
-    def __init__(self, pool: ThreadPoolExecutor, src: str, dst: str):
-        self.nbytes = os.path.getsize(src)
-        self.future = pool.submit(clone_file, src, dst)
+    def __init__(self, pool: ThreadPoolExecutor, src: str, dst: str, keep: list[tuple[int, int]]):
+        self.nbytes = sum(length for _, length in keep)
+        self.left_out = os.path.getsize(src) - self.nbytes
+        self.future = pool.submit(clone_records, src, dst, keep)
 
     def result(self) -> str:
         return self.future.result()
 
 
-def _still_referenced(layout: DcpLayout, edits: DcpEdits, source: str) -> list[str]:
-    """The source's data files that items kept as they are point into (copied to a new folder)."""
-    kept = (item for fqn, item in layout.items.items() if fqn not in edits.removes and fqn not in edits.writes)
-    return sorted({os.path.relpath(blob[0], source) for item in kept for blob in item.blobs})
+def _kept_records(layout: DcpLayout, edits: DcpEdits, source: str) -> dict[str, list[tuple[int, int]]]:
+    """Per source data file that items kept as they are point into, the byte ranges (offset, length) of
+    those items' records, sorted, adjacent ones merged: what a new folder copies."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
+    for fqn, item in layout.items.items():
+        if fqn not in edits.removes and fqn not in edits.writes:
+            for file, offset, length, _ in item.blobs:
+                ranges.setdefault(os.path.relpath(file, source), []).append((offset, length))
+    merged: dict[str, list[tuple[int, int]]] = {}
+    for name, spans in ranges.items():
+        out: list[tuple[int, int]] = []
+        for offset, length in sorted(spans):
+            if out and offset <= out[-1][0] + out[-1][1]:  # adjacent (or, in a damaged file, overlapping)
+                start = out[-1][0]
+                out[-1] = (start, max(out[-1][1], offset + length - start))
+            else:
+                out.append((offset, length))
+        merged[name] = out
+    return merged
 
 
 def _optimizer_state_items(layout: DcpLayout) -> set[str]:
