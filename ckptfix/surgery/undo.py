@@ -68,11 +68,16 @@ class InPlace:
             {"switch": self.switch, "added": self.added, "backups": self.backups}, indent=2).encode())
 
     def abandon(self) -> None:
-        """After an error: everything back as it was (best effort; the switch was not replaced yet)."""
+        """After an error: everything back as it was (best effort), the switch file too if it was replaced,
+        and the restore list removed (it lists nothing left to undo; left there, it would stop the next
+        in-place repair)."""
         for name, backup in self.backups.items():
             if os.path.exists(self.path(backup)):
                 os.replace(self.path(backup), self.path(name))
         for name in self.added:
+            if os.path.exists(self.path(name)):
+                os.remove(self.path(name))
+        for name in (RESTORE_FILE, RESTORE_FILE + ".ckptfix-tmp"):
             if os.path.exists(self.path(name)):
                 os.remove(self.path(name))
 
