@@ -18,6 +18,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from deepspeed_lm import PRELUDE
 
 from ckptfix.formats import read_checkpoint
 from ckptfix.inspect import inspect
@@ -26,30 +27,18 @@ pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.deepspeed
 
 VOCAB = 48
-_SCRIPT = textwrap.dedent("""
+_SCRIPT = PRELUDE + textwrap.dedent("""
     import os, sys
     import torch
     import deepspeed, deepspeed.comm.torch
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     from torch import nn
+    from deepspeed_lm import LM, config, full_view
     deepspeed.comm.torch.build_shm_op = lambda: None  # no C++ JIT build (it only speeds up all-reduce)
     out, stage, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.manual_seed(0)
-    class LM(nn.Module):
-        def __init__(self, dim=8):
-            super().__init__()
-            self.embed_tokens = nn.Embedding(vocab, dim)
-            self.mlp = nn.Linear(dim, dim)
-            self.lm_head = nn.Linear(dim, vocab, bias=False)
-        def forward(self, ids):
-            return self.lm_head(torch.relu(self.mlp(self.embed_tokens(ids))))
-    model = LM()
+    model = LM(vocab)
     deepspeed.init_distributed(dist_backend="gloo")
-    cfg = {"train_micro_batch_size_per_gpu": 2,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01, "torch_adam": True}},
-           "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
-           "zero_optimization": {"stage": stage}}
-    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    engine, opt, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(stage))
     g = torch.Generator().manual_seed(int(os.environ["RANK"]))
     for _ in range(3):
         ids = torch.randint(0, vocab, (2, 6), generator=g)
@@ -57,10 +46,7 @@ _SCRIPT = textwrap.dedent("""
         engine.backward(nn.functional.cross_entropy(logits.reshape(-1, vocab), ids[:, 1:].reshape(-1)))
         engine.step()
     engine.save_checkpoint(out)
-    truth = {n: {"fp32": safe_get_full_fp32_param(p).clone(),
-                 "exp_avg": safe_get_full_optimizer_state(p, "exp_avg").clone(),
-                 "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq").clone()}
-             for n, p in engine.module.named_parameters()}
+    truth = full_view(engine)
     if int(os.environ["RANK"]) == 0:
         torch.save(truth, out + "_truth.pt")
     torch.distributed.barrier()
@@ -69,6 +55,7 @@ _SCRIPT = textwrap.dedent("""
     # were seen to abort ("terminate called without an active exception") after a complete save
     os._exit(0)
 """)
+
 
 
 def _free_port() -> int:

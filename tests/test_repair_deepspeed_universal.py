@@ -18,11 +18,12 @@ import textwrap
 
 import pytest
 import torch
+from deepspeed_lm import PRELUDE
+from test_formats_deepspeed_ranks import VOCAB, _free_port, run_zero
 
 from ckptfix.cli import main
 from ckptfix.errors import RepairError
 from ckptfix.formats import detect, read_checkpoint
-from test_formats_deepspeed_ranks import VOCAB, _free_port, run_zero
 
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.deepspeed, pytest.mark.long]
@@ -34,45 +35,29 @@ _CONVERT = textwrap.dedent("""
                             num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True))
 """)
 
-_RESUME = textwrap.dedent("""
+_RESUME = PRELUDE + textwrap.dedent("""
     import os, sys
     import torch
     import deepspeed, deepspeed.comm.torch
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     from torch import nn
+    from deepspeed_lm import LM, config, full_view
     deepspeed.comm.torch.build_shm_op = lambda: None  # no C++ JIT build
     load_dir, tag, stage, vocab, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     torch.manual_seed(1)  # other initial values than the saved run: everything must come from the folder
-    class LM(nn.Module):
-        def __init__(self, dim=8):
-            super().__init__()
-            self.embed_tokens = nn.Embedding(vocab, dim)
-            self.mlp = nn.Linear(dim, dim)
-            self.lm_head = nn.Linear(dim, vocab, bias=False)
-        def forward(self, ids):
-            return self.lm_head(torch.relu(self.mlp(self.embed_tokens(ids))))
     deepspeed.init_distributed(dist_backend="gloo")
-    cfg = {"train_micro_batch_size_per_gpu": 2,
-           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "weight_decay": 0.01, "torch_adam": True}},
-           "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}},
-           "zero_optimization": {"stage": stage}, "checkpoint": {"load_universal": True}}
-    model = LM()
-    engine, _, _, sched = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=cfg)
+    model = LM(vocab)
+    engine, _, _, sched = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               config=config(stage, checkpoint={"load_universal": True}))
     path, _ = engine.load_checkpoint(load_dir, tag=tag)
     assert path is not None, "load_checkpoint found nothing"
-    def view():
-        return {n: {"fp32": safe_get_full_fp32_param(p).clone(),
-                    "exp_avg": safe_get_full_optimizer_state(p, "exp_avg").clone(),
-                    "exp_avg_sq": safe_get_full_optimizer_state(p, "exp_avg_sq").clone()}
-                for n, p in engine.module.named_parameters()}
-    loaded, steps, sched_iter = view(), engine.global_steps, sched.last_batch_iteration
+    loaded, steps, sched_iter = full_view(engine), engine.global_steps, sched.last_batch_iteration
     module = {n: p.detach().clone() for n, p in engine.module.named_parameters()}
     g = torch.Generator().manual_seed(int(os.environ["RANK"]))
     ids = torch.randint(0, vocab, (2, 6), generator=g)
     loss = nn.functional.cross_entropy(engine(ids[:, :-1]).reshape(-1, vocab), ids[:, 1:].reshape(-1))
     engine.backward(loss)
     engine.step()
-    after = {n: v["fp32"] for n, v in view().items()}
+    after = {n: v["fp32"] for n, v in full_view(engine).items()}
     if int(os.environ["RANK"]) == 0:
         torch.save({"loaded": loaded, "module": module, "steps": steps, "sched_iter": sched_iter,
                     "loss": float(loss), "after": after}, out)
@@ -80,6 +65,7 @@ _RESUME = textwrap.dedent("""
     torch.distributed.destroy_process_group()
     os._exit(0)
 """)
+
 
 
 def _ranks(args: list[str], world: int) -> None:
