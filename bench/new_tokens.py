@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tokenizer_factory
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import ckptfix
@@ -63,21 +64,10 @@ def corpus() -> tuple[list[str], list[str]]:
 
 
 def train_tokenizers(train: list[str], tmp: Path) -> tuple[Path, Path, list[str]]:
-    from tokenizers import (
-        AddedToken,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        trainers,
-    )
+    from tokenizer_factory import train_byte_level
+    from tokenizers import AddedToken
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=OLD_VOCAB, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tok.train_from_iterator(train, trainer)
+    tok = train_byte_level(train, OLD_VOCAB)
     old = tmp / "old.json"
     tok.save(str(old))
     counts = Counter(w for t in train for w in re.findall(r"(?<![\w.])[A-Za-z_]\w{3,}(?!\w)", t))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ckpt_factory import new_run, save_checkpoint, train
-from tokenizer_factory import corpus_lines, train_sentencepiece, train_tokenizer_json
+from tokenizer_factory import corpus_lines, train_byte_level, train_sentencepiece, train_tokenizer_json
 
 import ckptfix
 from ckptfix.surgery.pieces import load_segmenter
@@ -59,20 +59,9 @@ def test_tokenizer_json_encoding_matches_the_library(tmp_path, model):
 
 
 def _byte_level(tmp_path, added=(), special=()):
-    from tokenizers import (
-        AddedToken,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        trainers,
-    )
+    from tokenizers import AddedToken, Tokenizer
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus_lines(), trainers.BpeTrainer(
-        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tok = train_byte_level(corpus_lines(), 400)
     old = tmp_path / "old.json"
     tok.save(str(old))
     tok.add_tokens([AddedToken(t, normalized=False) for t in added])

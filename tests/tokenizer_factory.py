@@ -83,6 +83,19 @@ def train_tokenizer(
     return tokenizer
 
 
+def train_byte_level(texts: Iterable[str], vocab_size: int):
+    """A byte-level BPE `tokenizers.Tokenizer` as GPT-2/Llama 3 build theirs: every byte in the base
+    alphabet (no unknown token), no prefix space, no special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(texts, trainers.BpeTrainer(
+        vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    return tok
+
+
 def train_tokenizer_json(
     tmp_dir: str | Path,
     vocab_size: int = 300,
