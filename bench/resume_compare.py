@@ -30,9 +30,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import ckptfix  # noqa: E402
 from ckpt_factory import Run, TinyLM, make_batches, save_checkpoint, warmup_lambda  # noqa: E402
 from tokenizer_factory import train_sentencepiece  # noqa: E402
+
+import ckptfix  # noqa: E402
 
 LR, WD, WARMUP, DIM = 3e-3, 0.01, 10, 16
 SQ_RATIOS: dict[str, list[float]] = {}

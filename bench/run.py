@@ -556,7 +556,7 @@ def _repair_tables(mode: str, rows: list) -> list[str]:
               f"{'size GB':>8} {'repair anon':>16} {'repair(mean) anon':>18} {'naive anon':>17} "
               f"{'repair RSS':>10} {'mean RSS':>9} {'naive RSS':>9}"]
     for r, m in rows:
-        def anon(k: str) -> str:
+        def anon(k: str, r: dict = r, m: dict = m) -> str:
             mb = m[k]["peak_anon_mb"]
             return f"{mb:6.0f}MB {mb * 2**20 / r['bytes']:6.1%}" + (" killed" if m[k].get("killed") else "")
         lines.append(f"{r['bytes'] / 1e9:8.2f} {anon('repair'):>16} {anon('repair_mean'):>18} {anon('naive'):>17} "

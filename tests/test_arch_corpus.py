@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from arch_corpus import ARCHITECTURES, FAST, arch_id, build, check_architecture, word_level_tokenizer
 
 import ckptfix
 from ckptfix.errors import CkptfixError
-from arch_corpus import ARCHITECTURES, FAST, arch_id, build, check_architecture, word_level_tokenizer
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.transformers

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckpt_factory import new_run, save_checkpoint, train
+from tokenizer_factory import train_sentencepiece
 
 import ckptfix
-from ckpt_factory import new_run, save_checkpoint, train
 from ckptfix.cli import main
 from ckptfix.errors import RepairError
-from tokenizer_factory import train_sentencepiece
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,11 +13,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from ckpt_factory import lm_loss, make_batches, new_run, save_checkpoint, train
 
 from ckptfix.cli import main
 from ckptfix.compare import SCHEMA, diff
 from ckptfix.render import render_diff
-from ckpt_factory import lm_loss, make_batches, new_run, save_checkpoint, train
 
 VOCAB = 32
 

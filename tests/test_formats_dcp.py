@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from ckpt_factory import new_run, train
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from ckptfix.errors import UnsafePickle
 from ckptfix.formats import dcp_folder, read_checkpoint
 from ckptfix.inspect import inspect
-from ckpt_factory import new_run, train
 
 STEPS = 4
 

@@ -20,8 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from ckptfix.formats import read_checkpoint
-from ckptfix.formats import deepspeed_folder
+from ckptfix.formats import deepspeed_folder, read_checkpoint
 from ckptfix.inspect import inspect
 
 pytest.importorskip("deepspeed")

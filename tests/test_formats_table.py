@@ -4,9 +4,9 @@ it, repair finds its writer there, and a format's own notes are decided with the
 from __future__ import annotations
 
 import pytest
+from ckpt_factory import trained_checkpoint
 
 import ckptfix
-from ckpt_factory import trained_checkpoint
 from ckptfix.formats import BY_NAME, FORMATS, detect, read_checkpoint, resolve
 from ckptfix.surgery import _writer_for
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from arch_corpus import word_level_tokenizer
 
 import ckptfix
-from arch_corpus import word_level_tokenizer
 
 VOCAB, NEW = 203, 216
 

@@ -17,9 +17,9 @@ import shutil
 
 import pytest
 import torch
+from ckpt_factory import TinyLM, lm_loss, make_batches
 
 import ckptfix
-from ckpt_factory import TinyLM, lm_loss, make_batches
 from ckptfix.guard.resume import ResumeError
 
 OLD, NEW = 300, 303

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 import fuzz_structured as fz
+import pytest
 
 #: A fixed count, not a time budget: CI must run the very inputs that ran here, however fast its machine.
 INPUTS_PER_FORMAT = 60

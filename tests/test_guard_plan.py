@@ -9,8 +9,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-
 from ckpt_factory import trained_checkpoint
+
 from ckptfix.formats import read_checkpoint
 from ckptfix.guard.live import Live, LiveTensor
 from ckptfix.guard.resume_plan import plan_resume

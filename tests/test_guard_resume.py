@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckpt_factory import TinyLM, lm_loss, make_batches, new_run, save_checkpoint, train
 from torch import nn
 
-from ckpt_factory import TinyLM, lm_loss, make_batches, new_run, save_checkpoint, train
 from ckptfix.errors import UnsafePickle
 from ckptfix.formats import read_checkpoint
 from ckptfix.guard import (

@@ -10,10 +10,10 @@ import warnings
 
 import pytest
 import torch
+from tokenizer_factory import make_hf_tokenizer_folder
 
 import ckptfix
 from ckptfix.guard import TrainingSetupWarning
-from tokenizer_factory import make_hf_tokenizer_folder
 
 pytestmark = pytest.mark.transformers
 transformers = pytest.importorskip("transformers")

@@ -18,10 +18,9 @@ import warnings
 import zipfile
 from pathlib import Path
 
+import malicious_corpus as mc
 import pytest
 import torch
-
-import malicious_corpus as mc
 from ckpt_factory import new_run, save_checkpoint, train
 from tokenizer_factory import train_sentencepiece
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-
 from ckpt_factory import TinyLM, lm_loss, make_batches, new_run, save_checkpoint, train, warmup_lambda
 from tokenizer_factory import train_bpe_tokenizer_json, train_sentencepiece
+from torch import nn
 
 from ckptfix.cli import main
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ckpt_factory import TinyLM, lm_loss, make_batches, new_run, save_checkpoint, train
 
 import ckptfix

@@ -10,7 +10,6 @@ import json
 
 import pytest
 import torch
-
 from ckpt_factory import make_batches, new_run, save_checkpoint, train
 from tokenizer_factory import train_sentencepiece
 

@@ -8,8 +8,8 @@ import warnings
 
 import pytest
 import torch
-
 from ckpt_factory import TinyLM, lm_loss, make_batches
+
 from ckptfix.guard import TrainingSetupError, TrainingSetupWarning
 
 lightning = pytest.importorskip("lightning")

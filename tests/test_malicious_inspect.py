@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -85,7 +86,7 @@ def test_the_payload_is_live_under_torch_load(tmp_path):
     """The control: the same file really does run its payload when unpickled by torch.load(weights_only=False)."""
     sentinel = tmp_path / "SENTINEL"
     ckpt = malicious_checkpoint(tmp_path / "ckpt.pth", RunsShell(sentinel))
-    with pytest.raises(Exception):  # the default, weights_only=True, refuses it too
+    with pytest.raises(pickle.UnpicklingError, match="Weights only load failed"):  # the default refuses it too
         torch.load(ckpt)
     assert not sentinel.exists()
     torch.load(ckpt, weights_only=False)  # harmless here: it touches a file in tmp_path

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from ckpt_factory import Run, TinyLM, save_checkpoint, train, warmup_lambda
+from tokenizer_factory import extend_tokenizer_json, train_bpe_tokenizer_json
 
 import ckptfix
-from ckpt_factory import Run, TinyLM, save_checkpoint, train, warmup_lambda
 from ckptfix.guard import ResumeGuard
 from ckptfix.mapping import map_optimizer
 from ckptfix.policies import canonical
 from ckptfix.tokenizers import load_tokenizer
-from tokenizer_factory import extend_tokenizer_json, train_bpe_tokenizer_json
 
 EMBED, HEAD = "text_embedding.weight", "text_head.weight"
 SWAPPED = ("blocks.0.1.weight", "blocks.1.1.weight")  # both [32, 16]

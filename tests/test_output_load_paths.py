@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_torch_layout import LOAD_PATHS, _from_pretrained_and_check, _llama, word_level_tokenizer
 
 import ckptfix
-from test_torch_layout import LOAD_PATHS, _from_pretrained_and_check, _llama, word_level_tokenizer
 
 pytestmark = pytest.mark.transformers
 LAYOUTS = ["bin", "bin-sharded", "safetensors", "safetensors-sharded"]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import os
-import hashlib
 import subprocess
 import sys
 import threading
@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from ckpt_factory import new_run, save_checkpoint, train
 
 import ckptfix
-from ckptfix.checkpoint import TensorInfo, read_scalar, release_maps
 from ckptfix import io as ckio
+from ckptfix.checkpoint import TensorInfo, read_scalar, release_maps
 from ckptfix.formats import common, torch_file
-from ckpt_factory import new_run, save_checkpoint, train
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 64

@@ -7,8 +7,9 @@ import io
 import subprocess
 import sys
 
-import ckptfix.progress as progress_mod
 from ckpt_factory import trained_checkpoint
+
+import ckptfix.progress as progress_mod
 from ckptfix.progress import terminal_progress
 
 

@@ -19,8 +19,6 @@ import os
 
 import pytest
 import torch
-
-import ckptfix
 from ckpt_factory import TinyLM, lm_loss, make_batches, warmup_lambda
 from test_repair_common import (
     LR,
@@ -32,6 +30,8 @@ from test_repair_common import (
     snapshot,
 )
 from tokenizer_factory import train_bpe_tokenizer_json
+
+import ckptfix
 
 accelerate = pytest.importorskip("accelerate")
 pytestmark = pytest.mark.accelerate

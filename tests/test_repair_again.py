@@ -10,10 +10,10 @@ import json
 
 import pytest
 import torch
-
-import ckptfix
 from test_repair_common import same_bits
 from tokenizer_factory import make_hf_tokenizer_folder
+
+import ckptfix
 
 pytestmark = pytest.mark.transformers
 transformers = pytest.importorskip("transformers")

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from ckpt_factory import trained_checkpoint
-from ckptfix.cli import main
 from test_repair_common import (
     sha256,
     snapshot,
 )
 from tokenizer_factory import train_bpe_tokenizer_json
+
+from ckptfix.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 OLD, NEW = 100, 120

@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import torch
-
 from ckpt_factory import TinyLM, lm_loss, make_batches, warmup_lambda
 
 LR, WD, WARMUP = 3e-3, 0.01, 10

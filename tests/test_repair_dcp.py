@@ -23,13 +23,7 @@ import warnings
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-import ckptfix
 from ckpt_factory import lm_loss, make_batches, new_run, train, warmup_lambda
-from ckptfix.errors import RepairError
-from ckptfix.formats import read_checkpoint
 from test_repair_common import (
     LR,
     WARMUP,
@@ -38,7 +32,12 @@ from test_repair_common import (
     snapshot,
 )
 from tokenizer_factory import train_bpe_tokenizer_json
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+import ckptfix
+from ckptfix.errors import RepairError
+from ckptfix.formats import read_checkpoint
 
 OLD, STEPS = 48, 6
 EMBED, HEAD = "text_embedding.weight", "text_head.weight"

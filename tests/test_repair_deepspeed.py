@@ -17,16 +17,15 @@ from collections import OrderedDict
 
 import pytest
 import torch
-
 from ckpt_factory import new_run, train
+from test_repair_common import snapshot
+from tokenizer_factory import train_bpe_tokenizer_json
+
 import ckptfix
 from ckptfix.cli import main
 from ckptfix.errors import RepairError
 from ckptfix.formats import detect, read_checkpoint
 from ckptfix.surgery import _writer_for
-from test_repair_common import snapshot
-from tokenizer_factory import train_bpe_tokenizer_json
-
 
 OLD = 48
 

@@ -16,13 +16,7 @@ import time
 
 import pytest
 import torch
-
-import ckptfix
-import ckptfix.io
 from ckpt_factory import TinyLM, lm_loss, make_batches, new_run, save_checkpoint, train
-from ckptfix.errors import RepairError
-from ckptfix.identity import fingerprint
-from ckptfix.tokenizers import load_tokenizer
 from test_repair_common import (
     LR,
     assert_trains,
@@ -33,6 +27,12 @@ from test_repair_common import (
     train_steps,
 )
 from tokenizer_factory import train_sentencepiece
+
+import ckptfix
+import ckptfix.io
+from ckptfix.errors import RepairError
+from ckptfix.identity import fingerprint
+from ckptfix.tokenizers import load_tokenizer
 
 OLD_VOCAB, STEPS = 1000, 200
 EMBED, HEAD = "text_embedding.weight", "text_head.weight"

@@ -12,13 +12,13 @@ import os
 
 import pytest
 import torch
-
-import ckptfix
 from test_repair_common import (
     same_bits,
     snapshot,
 )
 from tokenizer_factory import make_hf_tokenizer_folder
+
+import ckptfix
 
 pytestmark = pytest.mark.transformers
 transformers = pytest.importorskip("transformers")

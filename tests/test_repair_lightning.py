@@ -20,18 +20,18 @@ import math
 
 import pytest
 import torch
-
-import ckptfix
 from ckpt_factory import TinyLM, lm_loss, make_batches, warmup_lambda
 from test_repair_common import (
     LR,
-    WD,
     WARMUP,
+    WD,
     assert_trains,
     same_bits,
     sha256,
 )
 from tokenizer_factory import train_bpe_tokenizer_json
+
+import ckptfix
 
 L = pytest.importorskip("lightning")
 pytestmark = pytest.mark.lightning

@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import ckptfix
 from ckpt_factory import new_run, save_checkpoint, train
-from ckptfix.tokenizers import load_tokenizer
 from test_repair_common import (
     assert_trains,
     resume,
@@ -21,6 +18,9 @@ from test_repair_common import (
     train_steps,
 )
 from tokenizer_factory import extend_tokenizer_json, reorder_tokenizer_json, train_bpe_tokenizer_json
+
+import ckptfix
+from ckptfix.tokenizers import load_tokenizer
 
 EMBED, HEAD = "text_embedding.weight", "text_head.weight"
 NEW_TOKENS = ["<img>", "<audio>", "zzqx"]

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-import ckptfix
 from ckpt_factory import new_run, save_checkpoint, train
 from test_repair_common import (
     assert_trains,
@@ -20,6 +18,8 @@ from test_repair_common import (
     train_steps,
 )
 from tokenizer_factory import train_sentencepiece
+
+import ckptfix
 
 OLD = 500
 NAMES = {"embed_name": "wte", "head_name": "lm_head"}

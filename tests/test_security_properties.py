@@ -26,10 +26,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("safetensors")
+import malicious_corpus as mc  # noqa: E402
 from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-import malicious_corpus as mc  # noqa: E402
 from ckptfix import inspect  # noqa: E402
 from ckptfix.checkpoint import release_maps  # noqa: E402
 from ckptfix.errors import CkptfixError  # noqa: E402
@@ -229,7 +229,7 @@ def test_mutated_safetensors_header(seeds, edits, length_delta, scan):
 def test_safetensors_layout_lies(seeds, offsets, dtypes, shapes):
     header, body = st_parts(seeds["st"])
     header.pop("__metadata__", None)
-    for (name, entry), (b, e), dt, shape in zip(header.items(), offsets, dtypes, shapes):
+    for (_name, entry), (b, e), dt, shape in zip(header.items(), offsets, dtypes, shapes):
         entry.update(data_offsets=[b, e], dtype=dt, shape=shape)
     raw = json.dumps(header).encode()
     check(seeds, struct.pack("<Q", len(raw)) + raw + body, ".safetensors", scan=True)

@@ -17,13 +17,13 @@ import shlex
 
 import pytest
 import torch
+from ckpt_factory import TinyLM
+from tokenizer_factory import corpus_lines, train_bpe_tokenizer_json, train_sentencepiece
 
 import ckptfix
-from ckpt_factory import TinyLM
 from ckptfix.cli import main as cli_main
 from ckptfix.errors import RepairError
 from ckptfix.guard.resume import ResumeError
-from tokenizer_factory import corpus_lines, train_bpe_tokenizer_json, train_sentencepiece
 
 spm = pytest.importorskip("sentencepiece")
 tokenizers = pytest.importorskip("tokenizers")

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tokenizer_factory import corpus_lines, train_tokenizer
 
 import ckptfix
-from tokenizer_factory import corpus_lines, train_tokenizer
 
 pytestmark = pytest.mark.transformers
 transformers = pytest.importorskip("transformers")

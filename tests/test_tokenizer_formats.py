@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tokenizer_factory import train_tokenizer
 
 from ckptfix.errors import TokenizerError
 from ckptfix.tokenizers import load_tokenizer
-from tokenizer_factory import train_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
 import tokenizer_corpus as corpus  # noqa: E402

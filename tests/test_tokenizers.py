@@ -11,9 +11,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from ckptfix.errors import TokenizerError
-from ckptfix.tokenizers import TokenizerInfo, load_tokenizer
 from tokenizer_factory import (
     extend_tokenizer_json,
     make_hf_tokenizer_folder,
@@ -23,6 +20,9 @@ from tokenizer_factory import (
     train_tokenizer,
     train_tokenizer_json,
 )
+
+from ckptfix.errors import TokenizerError
+from ckptfix.tokenizers import TokenizerInfo, load_tokenizer
 
 ADDED = ("zzfoo", "zzbar")
 SPECIAL = ("<|tool|>", "<|end|>")

@@ -39,12 +39,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckpt_factory import new_run, save_checkpoint, train
+from tokenizer_factory import train_bpe_tokenizer_json
 
 import ckptfix
 import ckptfix.io as ckio
-from ckpt_factory import new_run, save_checkpoint, train
 from ckptfix.errors import RepairError
-from tokenizer_factory import train_bpe_tokenizer_json
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_ROWS, NEW_ROWS = 1000, 1020
