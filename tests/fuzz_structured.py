@@ -756,6 +756,26 @@ def _snapshot(paths: list[Path]) -> dict[str, tuple[int, int, str]]:
     return out
 
 
+MEM_GUARD = 4 << 30  # address space one run may add: far above MEM_LIMIT, far below this machine's 24 GB
+
+
+def _memory_guard() -> Callable[[], None]:
+    """Cap this process's address space at its current size + MEM_GUARD for one run (RLIMIT_AS), so an
+    input that makes ckptfix allocate gigabytes fails that run (a MemoryError: exit 3, a finding kept
+    with its input) instead of the kernel's OOM killer ending the whole fuzzing process, as a view
+    claiming 2**31 rows did once. Returns the function that lifts the cap again."""
+    try:
+        import resource
+
+        with open("/proc/self/statm") as f:
+            size = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        old = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (size + MEM_GUARD, old[1]))
+    except (ImportError, OSError, ValueError):
+        return lambda: None
+    return lambda: resource.setrlimit(resource.RLIMIT_AS, old)
+
+
 def _vm_hwm() -> int:
     """Peak resident memory of this process since the last reset (bytes; 0 where /proc lacks it)."""
     with contextlib.suppress(OSError), open("/proc/self/status") as f:
@@ -803,6 +823,7 @@ def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
     py_base = tracemalloc.get_traced_memory()[0] if tracing else 0
     _reset_hwm()
     base_rss = _vm_hwm()
+    guard = _memory_guard()
     signal.signal(signal.SIGALRM, _on_alarm)
     signal.signal(signal.SIGPROF, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, HANG_LIMIT)
@@ -821,6 +842,7 @@ def run_one(argv: list[str], watched: list[Path], work: Path) -> dict[str, Any]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.setitimer(signal.ITIMER_PROF, 0)
+        guard()
     seconds, cpu = time.perf_counter() - t, time.process_time() - cpu
     release_maps()
     peak_py = tracemalloc.get_traced_memory()[1] - py_base if tracing else 0

@@ -318,6 +318,28 @@ def test_dcp_metadata_deeply_nested_planner_path(tmp_path):
 
 # --- views whose element count is not backed by bytes ----------------------------------------------
 
+def test_a_view_past_its_storage_is_refused_before_any_plan(base, tmp_path):
+    """A real checkpoint whose last (64, D) tensor, the head's exp_avg_sq, claims 2**31-1 rows over its
+    storage of 64 rows (the fuzzer's pickle mutator found it: repair sized a row plan from the shape and
+    took 21 GB before the OOM killer). torch.load refuses the file; inspect and repair exit 2 with one line."""
+    members = mc.zip_members(base["good"])
+    name, pkl = next((n, b) for n, b in members if n.endswith("/data.pkl"))
+    at = max(m.start() for m in re.finditer(rb"K@K.\x86", pkl, re.S))  # the last (64, D) size tuple
+    dim = pkl[at + 3]
+    patched = pkl[:at] + b"J\xff\xff\xff\x7f" + pkl[at + 2:]
+    path = mc.write_zip(tmp_path / "past.pth", [(n, patched if n == name else b) for n, b in members])
+    with pytest.raises(RuntimeError):
+        torch.load(path, weights_only=True)
+    line = (f"{ERR}{path}: corrupt pickle (tensor of shape [2147483647, {dim}] (offset 0, strides [{dim}, 1]) "
+            f"reaches past its storage of {64 * dim * 4:,} bytes; torch.load refuses it too)")
+    out = mc.run_batch([{"id": "inspect", "argv": ["inspect", str(path)]},
+                        {"id": "repair", "argv": ["repair", str(path), "--tokenizer", str(base["tok"]), "-o",
+                                                  str(tmp_path / "fixed.pth"), "--init", "zeros"]}], cwd=tmp_path)
+    for r in out.values():
+        assert (r["code"], r["stderr"].strip()) == (2, line), r
+    assert sorted(os.listdir(tmp_path)) == ["past.pth"]
+
+
 def test_stride_0_views_are_never_materialised(base, tmp_path):
     """A 4M x 64 embedding that is one 64-value row expanded (16 KB of bytes, 1 GB if materialised):
     --scan counts its NaN exactly (times the repeats), diff compares it, repair refuses to resize it."""

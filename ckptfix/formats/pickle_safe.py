@@ -129,11 +129,23 @@ class TensorRef(_Record):
         return self.numel * DTYPE_SIZES[self.dtype]
 
     def fits_storage(self) -> bool:
-        """Whether every element the view addresses lies inside its storage."""
+        """Whether every byte the view addresses lies inside its storage (offset and strides count elements
+        of the tensor's dtype; an `UntypedStorage`, as `_rebuild_tensor_v3` gets, counts bytes)."""
         if self.numel == 0:
             return self.offset >= 0
         last = self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride))
-        return self.offset >= 0 and min(self.stride, default=0) >= 0 and last < self.storage.numel
+        return self.offset >= 0 and min(self.stride, default=0) >= 0 and \
+            (last + 1) * DTYPE_SIZES.get(self.dtype, 1) <= self.storage.nbytes
+
+
+def _check_fits(tensor: TensorRef) -> TensorRef:
+    """torch.load refuses a view that reaches past its storage (`set_`: "out of bounds for storage"); so
+    does the unpickler, before any reader sizes a row plan or a buffer from the view's shape."""
+    if not tensor.fits_storage():
+        raise pickle.UnpicklingError(
+            f"tensor of shape {list(tensor.shape)[:8]} (offset {tensor.offset}, strides {list(tensor.stride)[:8]}) "
+            f"reaches past its storage of {tensor.storage.nbytes:,} bytes; torch.load refuses it too")
+    return tensor
 
 
 @dataclass
@@ -221,7 +233,7 @@ def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=No
         numel *= d
     if numel > INT64_MAX:
         raise pickle.UnpicklingError("tensor with more than 2**63 elements")
-    return TensorRef(storage, offset, size, stride, storage.dtype, bool(requires_grad))
+    return _check_fits(TensorRef(storage, offset, size, stride, storage.dtype, bool(requires_grad)))
 
 
 def _int64(value: Any) -> int:
@@ -235,7 +247,7 @@ def _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtyp
     tensor.dtype = _dtype_name(dtype)
     if tensor.dtype not in DTYPE_SIZES:
         raise pickle.UnpicklingError(f"unknown tensor dtype {tensor.dtype}")
-    return tensor
+    return _check_fits(tensor)
 
 
 _PER_TENSOR = "per_tensor_affine"
