@@ -1003,6 +1003,8 @@ def main(argv: list[str]) -> int:
         now = time.gmtime()
         until = time.mktime(time.struct_time((now.tm_year, now.tm_mon, now.tm_mday, int(hh), int(mm), 0, 0, 0, 0))) \
             - time.timezone
+        if until < time.time():  # a time of day already past: tomorrow's (23:00 --until 01:00)
+            until += 86400
     formats = list(FORMATS) if fmt == "all" else fmt.split(",")
     scratch = Path(os.environ.get("FUZZ_DIR") or tempfile.mkdtemp(prefix="ckptfix-fuzz-"))
     seeds = _load_seeds(scratch / "seeds", deepspeed="deepspeed" in formats)
