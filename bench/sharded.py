@@ -148,16 +148,22 @@ def folder_bytes(folder: str) -> int:
     return sum(os.path.getsize(os.path.join(r, n)) for r, _, ns in os.walk(folder) for n in ns)
 
 
+#: "all": the whole page cache dropped, torch's libraries too (a machine that has not run torch since boot);
+#: "source": only the checkpoint's pages dropped (a machine that ran torch before: the usual case).
+COLD = "all"
+
+
 def drop_cache(*folders: str) -> str:
     """Cold cache: the whole page cache dropped (`/proc/sys/vm/drop_caches`, needs root) after a sync,
-    else the folders' pages dropped with POSIX_FADV_DONTNEED. Returns which was done."""
+    else (or with `--cold source`) the folders' pages dropped with POSIX_FADV_DONTNEED. Returns which."""
     os.sync()
-    try:
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return "drop_caches"
-    except OSError:
-        pass
+    if COLD == "all":
+        try:
+            with open("/proc/sys/vm/drop_caches", "w") as f:
+                f.write("3\n")
+            return "drop_caches"
+        except OSError:
+            pass
     for folder in folders:
         for root, _, names in os.walk(folder):
             for n in names:
@@ -258,8 +264,12 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=16.0)
     parser.add_argument("--root", default="/tmp/ckptfix-bench-sharded")
     parser.add_argument("--only", choices=["dcp", "hf"], default=None)
+    parser.add_argument("--cold", choices=["all", "source"], default="all",
+                        help="cold means the whole page cache dropped (all) or the checkpoint's pages only (source)")
     parser.add_argument("--rounds", type=int, default=3, help="round-robin repeats (cold, warm, cold, ...)")
     args = parser.parse_args()
+    global COLD
+    COLD = args.cold
     os.makedirs(args.root, exist_ok=False)
     try:
         tok = os.path.join(args.root, "tokenizer.json")
