@@ -10,8 +10,8 @@ The vocab tensors (with their moments) are a few % of the bytes. For each folder
 (cold, warm), it times from the same cache state: `cp -r SRC DST` + sync, `ckptfix repair SRC -o OUT`
 (default mode) + sync and `ckptfix repair SRC --in-place` + sync (then `ckptfix restore`), each ckptfix
 run a fresh interpreter timed from outside, and reads the bytes each run wrote from its /proc/self/io.
-Cold: the page cache dropped (/proc/sys/vm/drop_caches, as root) after a sync, else the source's pages
-dropped with POSIX_FADV_DONTNEED; warm: the source read once just before. It prints each round, the
+Cold: the page cache dropped (/proc/sys/vm/drop_caches, as root) after a sync, else (or with `--cold
+source`: torch's libraries stay cached) the source's pages dropped with POSIX_FADV_DONTNEED; warm: the source read once just before. It prints each round, the
 load average, and a markdown table of medians (the README's). Everything it builds is deleted at the end.
 
     python bench/sharded.py --gb 16 --rounds 3
