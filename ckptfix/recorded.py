@@ -67,19 +67,16 @@ def recorded_rows(extras: dict[str, Any]) -> set[int]:
 
 def recorded_padding(extras: dict[str, Any], rows: int) -> int | None:
     """The padding multiple a checkpoint records beside its row count (litgpt's `padding_multiple`, with
-    `padded_vocab_size` equal to the rows): the multiple the framework itself rounds a vocab size up to."""
-    seen: set[int] = set()
-    stack = [extras]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, dict) or id(node) in seen or len(seen) > 10_000:
-            continue
-        seen.add(id(node))
-        multiple = node.get("padding_multiple")
-        if node.get("padded_vocab_size") == rows and isinstance(multiple, int) and not isinstance(multiple, bool) \
-                and 1 < multiple <= rows:
-            return multiple
-        stack.extend(v for v in node.values() if isinstance(v, dict))
+    `padded_vocab_size` equal to the rows): the multiple the framework itself rounds a vocab size up to.
+    Found where `find_recorded` finds that `padded_vocab_size`."""
+    for r in find_recorded(extras):
+        if r.path[-1] == "padded_vocab_size" and r.value == rows:
+            node: Any = extras
+            for key in r.path[:-1]:
+                node = node[key]
+            multiple = node.get("padding_multiple")
+            if isinstance(multiple, int) and not isinstance(multiple, bool) and 1 < multiple <= rows:
+                return multiple
     return None
 
 

@@ -212,15 +212,17 @@ def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
     prints it instead of a repair command that would fail."""
     import os
 
+    from ckptfix.formats import litgpt_folder
+
     folder = os.path.dirname(ckpt.path)
-    if ckpt.format == "torch" and os.path.basename(ckpt.path) == "lit_model.pth" and \
-            os.path.isfile(os.path.join(folder, "model_config.yaml")):
-        return (f"{ckpt.path} is a litgpt checkpoint whose vocab size is recorded in the model_config.yaml "
+    if ckpt.format == "torch" and os.path.basename(ckpt.path) == litgpt_folder.WEIGHTS and \
+            litgpt_folder.sniff(folder or "."):
+        return (f"{ckpt.path} is a litgpt checkpoint whose vocab size is recorded in the {litgpt_folder.CONFIG} "
                 f"beside it: inspect and repair the folder {folder or '.'} instead, so both change together")
     tokens = trainable_token_rows(ckpt)
     if tokens:
         ids = sorted({i for rows in tokens.values() for i in rows})
-        return (f"the PEFT adapter trains rows for token ids {_id_list(ids)} of {', '.join(sorted(tokens))} "
+        return (f"the PEFT adapter trains rows for token ids {id_list(ids)} of {', '.join(sorted(tokens))} "
                 "(trainable_token_indices); ckptfix does not rewrite those rows or their ids: re-create the adapter "
                 "for the new tokenizer with the new ids of those tokens")
     quantized = quantized_vocab_tensors(ckpt, vocab)
@@ -246,5 +248,6 @@ def trainable_token_rows(ckpt: Checkpoint) -> dict[str, list[int]]:
             for k, v in raw.items() if isinstance(v, list) and v}
 
 
-def _id_list(ids: list[int]) -> str:
+def id_list(ids: list[int]) -> str:
+    """At most 8 token ids, then how many more."""
     return ", ".join(map(str, ids[:8])) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")

@@ -53,10 +53,12 @@ def _token_rows(ctx: Context) -> list[tuple[str, int]]:
 def trainable_tokens_out_of_range(ctx: Context) -> Iterator[Finding]:
     if ctx.tokenizer is None:
         return
+    from ckptfix.vocab import id_list
+
     outside = sorted({i for _, i in _token_rows(ctx) if i >= ctx.tokenizer.size})
     if outside:
         yield finding(
-            "CKF111", f"the adapter trains rows for token ids {_ids(outside)}, but the tokenizer has "
+            "CKF111", f"the adapter trains rows for token ids {id_list(outside)}, but the tokenizer has "
             f"{ctx.tokenizer.size} tokens", tensors=_delta_tensors(ctx),
             pytorch="PeftModel.from_pretrained on a base resized to this tokenizer raises IndexError ('index "
             f"{outside[0]} is out of bounds for dimension 0 with size {ctx.tokenizer.size}').",
@@ -86,7 +88,3 @@ def trainable_tokens_moved(ctx: Context) -> Iterator[Finding]:
 
 def _delta_tensors(ctx: Context) -> list[str]:
     return [n for n in ctx.ckpt.model if "trainable_tokens_delta" in n][:20]
-
-
-def _ids(ids: list[int]) -> str:
-    return ", ".join(map(str, ids[:8])) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")

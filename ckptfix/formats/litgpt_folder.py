@@ -40,7 +40,7 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
 def config_sizes(file: str) -> dict[str, int]:
     """The vocab sizes `model_config.yaml` records (a null `padded_vocab_size` is left out: litgpt computes it)."""
     sizes: dict[str, int] = {}
-    for key, value in _lines(file):
+    for key, value in _lines(file, read_bounded(file, MAX_CONFIG_BYTES)):
         if value.isdigit():
             sizes[key] = int(value)
         elif value not in ("null", "~", ""):
@@ -48,8 +48,7 @@ def config_sizes(file: str) -> dict[str, int]:
     return sizes
 
 
-def _lines(file: str) -> list[tuple[str, str]]:
-    data = read_bounded(file, MAX_CONFIG_BYTES)
+def _lines(file: str, data: bytes) -> list[tuple[str, str]]:
     found = [(m.group(1).decode(), m.group(2).decode("utf-8", "replace")) for m in _LINE.finditer(data)]
     keys = [k for k, _ in found]
     if len(set(keys)) != len(keys):
@@ -60,7 +59,7 @@ def _lines(file: str) -> list[tuple[str, str]]:
 def rewrite_config(src: str, dst: str, changes: dict[str, int]) -> None:
     """`src` with the given top-level sizes replaced, every other byte as it was."""
     data = read_bounded(src, MAX_CONFIG_BYTES)
-    _lines(src)  # refuses a repeated key
+    _lines(src, data)  # refuses a repeated key
 
     def put(m: re.Match) -> bytes:
         key = m.group(1).decode()

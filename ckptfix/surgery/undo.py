@@ -18,6 +18,7 @@ from ckptfix.io import fsync_dir
 
 RESTORE_FILE = "ckptfix-restore.json"
 BACKUP_SUFFIX = ".ckptfix-bak"
+_WRITE_TMP = ".ckptfix-tmp"  # `atomic_write`'s temporary file beside its target
 
 
 class InPlace:
@@ -77,13 +78,13 @@ class InPlace:
         for name in self.added:
             if os.path.exists(self.path(name)):
                 os.remove(self.path(name))
-        for name in (RESTORE_FILE, RESTORE_FILE + ".ckptfix-tmp"):
+        for name in (RESTORE_FILE, RESTORE_FILE + _WRITE_TMP):
             if os.path.exists(self.path(name)):
                 os.remove(self.path(name))
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    tmp = path + ".ckptfix-tmp"
+    tmp = path + _WRITE_TMP
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

@@ -263,10 +263,9 @@ def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None)
     # the changed tensors (numpy; the copies and page faults run without the GIL).
     importer = threading.Thread(target=_import_dcp, daemon=True)
     importer.start()
-    # every changed tensor's bytes requested from the disk at once (a cold cache reads them while torch imports)
-    prefetch([r for _, value in edits.writes.values() if isinstance(value, _Produce)
-              for r in value.edit.source.byte_ranges()])
     produces = [v for _, v in edits.writes.values() if isinstance(v, _Produce)]
+    # every changed tensor's bytes requested from the disk at once (a cold cache reads them while torch imports)
+    prefetch([r for value in produces for r in value.edit.source.byte_ranges()])
     total = sum(p.nbytes for p in produces)
     for value in (progress(produces, total, "repair") if progress and produces else produces):
         value()  # in plan order: the rng draws stay the same
