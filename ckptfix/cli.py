@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from ckptfix.errors import CkptfixError
+from ckptfix.verify import VerifyFailed
 from ckptfix.policies import REPAIR_POLICIES
 from ckptfix.progress import terminal_progress
 
@@ -30,7 +31,8 @@ def _emit_json(data: object) -> None:
 def cli() -> None:
     """Inspect, repair and guard PyTorch training checkpoints that will not resume cleanly.
 
-    Exit codes: 0 clean, 1 error-level findings, 2 bad usage or unreadable input.
+    Exit codes: 0 clean, 1 error-level findings, 2 bad usage or unreadable input, 3 an internal error (a
+    repaired OUT that does not match its plan is removed and reported so).
     """
 
 
@@ -81,6 +83,9 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
               help="The tokenizer the checkpoint was trained with: rows move by token string. Default: the one its "
               "ckptfix record or its HF folder holds.")
 @click.option("--keep-ids", is_flag=True, help="Keep row i for token i even where the old tokenizer is known or ids look moved.")
+@click.option("--keep", multiple=True, metavar="PATH",
+              help="A value the audit names (a tensor, a config entry) that is not indexed by this tokenizer's ids "
+              "(a separate vocabulary, a count that only happens to equal the vocab size): kept as it is. Repeatable.")
 @click.option("--policy", type=click.Choice(REPAIR_POLICIES),
               help="Optimizer state: remap moments (default for Adam), fresh (drop state, keep schedule), reset (drop both).")
 @click.option("--init", "init", type=click.Choice(["pieces", "mean", "zeros", "normal"]),
@@ -100,7 +105,7 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
               help="DCP folders: write only what changes into CHECKPOINT itself (undo: ckptfix restore CHECKPOINT).")
 @_QUIET
 def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, keep_ids: bool,
-           policy: str | None, init: str | None,
+           keep: tuple[str, ...], policy: str | None, init: str | None,
            std: float, pad_to_multiple_of: int | None, seed: int, dry_run: bool, force: bool, as_json: bool,
            trust_pickle: bool, in_place: bool, quiet: bool) -> None:
     """Resize embeddings/heads and their optimizer state to TOKENIZER; write a new resume checkpoint.
@@ -119,7 +124,7 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
         raise click.UsageError("missing -o/--out (or pass --dry-run)")
     result = run_repair(checkpoint, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
                         pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
-                        trust_pickle=trust_pickle, seed=seed, in_place=in_place, keep_ids=keep_ids,
+                        trust_pickle=trust_pickle, seed=seed, in_place=in_place, keep_ids=keep_ids, keep=keep,
                         progress=terminal_progress(quiet))
     if as_json:
         _emit_json(result.to_json())
@@ -252,6 +257,9 @@ def main(argv: list[str] | None = None) -> None:
         _fail(args, "aborted", "aborted", prefix="ckptfix: aborted")
     except CkptfixError as exc:
         _fail(args, "bad_input", _one_line(str(exc)))
+    except VerifyFailed as exc:  # OUT was not what the plan said: taken back, a bug to report (exit 3)
+        message = _one_line(str(exc))
+        _fail(args, "verify", message, code=EXIT_INTERNAL, prefix=f"ckptfix: error: verify failed: {message}")
     except BrokenPipeError:
         sys.exit(EXIT_CLEAN)
     except Exception as exc:  # a bug in ckptfix: still one line, but a distinct code so tests can tell
@@ -271,7 +279,7 @@ ERROR_SCHEMA = "ckptfix.error/1"
 def _fail(args: list[str], kind: str, message: str, *, code: int = EXIT_BAD_INPUT, prefix: str | None = None) -> None:
     """One line on stderr, then exit `code`. Under --json, stdout also gets
     `{"schema": "ckptfix.error/1", "error": {"kind", "message", "exit_code"}}`, so a script that parses
-    stdout sees an object instead of nothing (kind: usage, bad_input, aborted or internal)."""
+    stdout sees an object instead of nothing (kind: usage, bad_input, aborted, verify or internal)."""
     click.echo(prefix or f"ckptfix: error: {message}", err=True)
     if _wants_json(args):
         click.echo(json.dumps({"schema": ERROR_SCHEMA, "error": {"kind": kind, "message": message, "exit_code": code}}))

@@ -85,7 +85,21 @@ def inspect(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
 
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None
         old = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-    return analyse(ckpt, tok, scan=scan, verify=verify, progress=progress, from_tokenizer=old)
+    report = analyse(ckpt, tok, scan=scan, verify=verify, progress=progress, from_tokenizer=old)
+    _add_audit(report)
+    return report
+
+
+def _add_audit(report: Report) -> None:
+    """Values that carry the old vocab size and that the plan repair would make does not account for
+    (CKF130-CKF133, `ckptfix.audit`): findings, in the report's order."""
+    from ckptfix.audit import findings, inspect_audit
+    from ckptfix.checks import SEVERITIES
+
+    made = findings(inspect_audit(report))
+    if made:
+        order = {s: i for i, s in enumerate(SEVERITIES)}
+        report.findings = sorted(report.findings + made, key=lambda f: (order[f.severity], f.code))
 
 
 def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, verify: bool = False,

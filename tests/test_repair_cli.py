@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 OLD, NEW = 100, 120
 JSON_KEYS = {"schema", "source", "format", "output", "dry_run", "policy", "init", "target_rows", "tokenizer",
              "from_tokenizer", "changes", "optimizer_state", "scheduler_state", "scaler_reset", "rewarm",
-             "findings_before", "notes", "backup"}
+             "findings_before", "notes", "backup", "audit"}
 CHANGE_KEYS = {"tensor", "role", "old_shape", "new_shape", "old_rows", "new_rows", "kept", "moved", "new",
                "dropped", "dropped_ids"}
 

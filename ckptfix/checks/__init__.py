@@ -78,7 +78,7 @@ class Check:
 
     @property
     def is_guard(self) -> bool:
-        return self.func is None
+        return self.func is None and self.code.startswith("CKF8")
 
 
 REGISTRY: dict[str, Check] = {}
@@ -101,7 +101,8 @@ def check(code: str, severity: str, title: str, doc: str):
 
 
 def declare(code: str, severity: str, title: str, doc: str) -> None:
-    """Register a guard code (CKF8xx): the guard makes its `Problem`s; the registry documents it."""
+    """Register a code whose findings are made outside `run_checks`: the guard's CKF8xx (its `Problem`s),
+    the audit's CKF13x (`ckptfix.audit`, after the plan); the registry documents it."""
     _register(Check(code, severity, title, doc, None))
 
 
@@ -124,6 +125,7 @@ def run_checks(ctx: Context) -> list[Finding]:
 def _load_check_modules() -> None:
     from ckptfix.checks import (  # noqa: F401
         adapters,
+        audit,
         guard,
         identity,
         integrity,

@@ -21,6 +21,8 @@ from ckptfix.inspect import analyse
 from ckptfix.io import BackgroundHash, check_output_path, output_target
 from ckptfix.record import REPAIR_SCHEMA, Record, TokenizerRef
 from ckptfix.surgery.plan import RepairPlan, make_plan
+from ckptfix.surgery.undo import restore
+from ckptfix.verify import VerifyFailed, undo_write, verify_output
 
 RECORD_SCHEMA = REPAIR_SCHEMA
 SHA256_PLACEHOLDER = "0" * 64
@@ -58,6 +60,7 @@ class RepairResult:
             "findings_before": [f.code for f in p.findings_before],
             "notes": p.notes + self.notes,
             "backup": self.backup,
+            "audit": p.audit.to_json() if p.audit is not None else None,
         }
 
 
@@ -65,6 +68,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
            from_tokenizer: str | os.PathLike | None = None, policy: str | None = None, init: str | None = None,
            std: float = 0.02, pad_to_multiple_of: int | None = None, dry_run: bool = False, force: bool = False,
            trust_pickle: bool = False, seed: int = 0, in_place: bool = False, keep_ids: bool = False,
+           keep: Iterable[str] = (),
            progress: Callable[[Iterable, int, str], Iterable] | None = None) -> RepairResult:
     """Fit a checkpoint to `tokenizer` and write it to `out` in the same format.
 
@@ -73,17 +77,21 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     and scheduler state). init: "pieces" (the mean of the rows of the old tokenizer's pieces of each new
     token's text; the default when `from_tokenizer` is given), "mean" (HF mean_resizing; the default
     otherwise), "zeros" or "normal" (with `std`).
+    `keep`: paths (as the audit prints them) that are not indexed by this tokenizer's ids: kept as they are.
     `out` may equal the input only with `force`; the original is then kept as a `.bak`.
     `in_place` (DCP and sharded HF folders): rewrite only what changes inside the source folder, keeping
     the previous metadata/index as a backup that `ckptfix restore` puts back; `out` must then be omitted.
-    """
-    from ckptfix.tokenizers import load_tokenizer
 
+    The stages, once each and in this order: read, analyse, plan, audit (every value that carries the old
+    vocab size is changed, kept with a reason, or repair refuses: `ckptfix.audit`), write, verify (OUT read
+    back and compared with the plan: `ckptfix.verify`; on a difference OUT is removed and VerifyFailed raised).
+    """
     source = os.fspath(checkpoint)
     if in_place:
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                 std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
-                                trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids, progress=progress)
+                                trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids, keep=tuple(keep),
+                                progress=progress)
     if not dry_run and out is not None:  # refused before anything is read, hashed or written
         check_output_path(source, os.fspath(out), force=force)
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
@@ -92,18 +100,16 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     paced = os.path.isfile(source)  # a single file is copied front to back: the hash can follow it
     hasher = BackgroundHash(source, paced=paced) if writes else None
     try:
-        ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
-        tok = load_tokenizer(tokenizer)
-        old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-        plan = make_plan(analyse(ckpt, tok, from_tokenizer=old_tok), tok, old_tok, policy=policy, init=init,
-                         std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
+        plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, tuple(keep), policy=policy,
+                                        init=init, std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
+        ckpt = plan.ckpt
         # looked up before --dry-run returns: a dry run never says "would write" for what the real run refuses
         writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
         if writer is not None and out is not None:
             writer = _writer_for_name(ckpt, os.fspath(out), writer)
         if dry_run:
             return RepairResult(plan, os.fspath(out) if out else None, True, build_record(plan, None))
-        out, in_place = output_target(source, out, force=force)
+        out, same_path = output_target(source, out, force=force)
         if writer is None:
             return RepairResult(plan, None, False, build_record(plan, None),
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
@@ -115,11 +121,45 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
             # must place the record before the copy rewrite it in place once the copy is hashed)
             return build_record(plan, hasher.result() if final else SHA256_PLACEHOLDER)
 
-        backup = writer(plan, out, record_fn, rng=np.random.default_rng(seed), in_place=in_place, progress=progress)
+        backup = writer(plan, out, record_fn, rng=np.random.default_rng(seed), in_place=same_path, progress=progress)
+        _verify(plan, out, trust_pickle, lambda: undo_write(out, backup, same_path=same_path,
+                                                            sidecar=f"{out}.ckptfix.json" if _writes_sidecar(ckpt) else None))
         return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
     finally:
         if hasher is not None:  # stop it pacing itself behind a copy that is not coming
             hasher.release()
+
+
+def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, trust_pickle: bool,
+                             keep: tuple[str, ...], formats: tuple[str, ...] | None = None,
+                             **options: Any) -> RepairPlan:
+    """The stages before writing: read, analyse, plan, audit (a refusal naming every value nobody accounts
+    for). `formats`: the formats this repair accepts (--in-place), checked as soon as the checkpoint is read."""
+    from ckptfix.audit import audit
+    from ckptfix.tokenizers import load_tokenizer
+
+    ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
+    if formats is not None and ckpt.format not in formats:
+        raise RepairError(f"--in-place supports {', '.join(formats)} folders, not {ckpt.format}; "
+                          "repair into a new path with -o")
+    tok = load_tokenizer(tokenizer)
+    old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
+    report = analyse(ckpt, tok, from_tokenizer=old_tok)
+    plan = make_plan(report, tok, old_tok, keep=keep, **options)
+    result = audit(plan, report.mapping)
+    if result.unresolved:
+        raise RepairError(result.refusal(ckpt.path))
+    plan.audit = result
+    return plan
+
+
+def _verify(plan: RepairPlan, out: str, trust_pickle: bool, undo: Callable[[], str]) -> None:
+    """OUT read back and compared with the plan; on a difference, what was written is taken back."""
+    try:
+        verify_output(plan, out, trust_pickle=trust_pickle)
+    except VerifyFailed as exc:
+        done = undo()
+        raise VerifyFailed(f"{exc}; {done}") from None
 
 
 IN_PLACE_FORMATS = ("dcp", "hf-model", "hf-trainer")
@@ -137,27 +177,22 @@ def _in_place_writer(fmt: str) -> Callable[..., str | None]:
 
 def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str | None,
                      std: float, pad_to_multiple_of: int | None, dry_run: bool, trust_pickle: bool,
-                     seed: int, keep_ids: bool = False, progress: Any = None) -> RepairResult:
+                     seed: int, keep_ids: bool = False, keep: tuple[str, ...] = (), progress: Any = None) -> RepairResult:
     """Only what changes is written, into the source itself. The source is not hashed for the record
     (that would read the whole folder, the cost in-place exists to avoid)."""
-    from ckptfix.tokenizers import load_tokenizer
-
     if out is not None and os.path.abspath(os.fspath(out)) != os.path.abspath(source):
         raise RepairError("--in-place writes into the checkpoint itself; drop -o/--out")
-    ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
-    if ckpt.format not in IN_PLACE_FORMATS:
-        raise RepairError(f"--in-place supports {', '.join(IN_PLACE_FORMATS)} folders, not {ckpt.format}; "
-                          "repair into a new path with -o")
-    tok = load_tokenizer(tokenizer)
-    old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-    plan = make_plan(analyse(ckpt, tok, from_tokenizer=old_tok), tok, old_tok, policy=policy, init=init, std=std,
-                     pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
+    plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, keep, policy=policy, init=init,
+                                    std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids,
+                                    formats=IN_PLACE_FORMATS)
+    ckpt = plan.ckpt
     writer = None if plan.is_noop() else _in_place_writer(ckpt.format)
     if dry_run or writer is None:
         notes = [] if dry_run else ["nothing to change: the checkpoint already fits the tokenizer; nothing written"]
         return RepairResult(plan, source if dry_run else None, dry_run, build_record(plan, None), notes=notes)
     backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True,
                     progress=progress)
+    _verify(plan, source, trust_pickle, lambda: "the folder was put back (" + "; ".join(restore(source)) + ")")
     return RepairResult(plan, source, False, build_record(plan, None), backup=backup)
 
 

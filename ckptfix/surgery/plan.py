@@ -139,6 +139,9 @@ class RepairPlan:
     notes: list[str] = field(default_factory=list)
     rows_by: str = "id"  # id | token: how output rows were matched to input rows
     recorded: dict[tuple, int] = field(default_factory=dict)  # recorded vocab sizes to set (path -> value)
+    keep: tuple[str, ...] = ()  # paths the user declared not vocab-indexed (--keep): the audit keeps them
+    kept: dict[str, str] = field(default_factory=dict)  # vocab tensors left out of the plan -> why (the audit says it)
+    audit: Any = None  # ckptfix.audit.Audit, once repair has run it
 
     @property
     def changes(self) -> list[dict[str, Any]]:
@@ -163,7 +166,8 @@ def default_init(tokenizer: Any, from_tokenizer: Any) -> str:
 
 def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str | None = None,
               init: str | None = None, std: float = 0.02, pad_to_multiple_of: int | None = None,
-              keep_ids: bool = False, format_notes: bool = True, exact_rows: bool = False) -> RepairPlan:
+              keep_ids: bool = False, format_notes: bool = True, exact_rows: bool = False,
+              keep: tuple[str, ...] = ()) -> RepairPlan:
     """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer.
 
     Every note of a repair is decided here, so `--dry-run` shows it: the format's own (`Format.notes`
@@ -172,7 +176,11 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
 
     Rows follow their token: by token string from the old tokenizer when it is known (`from_tokenizer`,
     else the report's: a ckptfix record's or an HF folder's own), by id otherwise (or with `keep_ids`),
-    and not at all when the new tokenizer alone shows that ids moved (CKF122)."""
+    and not at all when the new tokenizer alone shows that ids moved (CKF122).
+    `keep`: paths the user says are not indexed by this tokenizer's ids (a separate vocabulary, a count that
+    only happens to equal the vocab size): left out of the plan; `ckptfix.audit` reports them as kept."""
+    from ckptfix.audit import separate_vocabularies
+
     ckpt = report.ckpt
     from_tokenizer, rows_by, identity_notes = _old_tokenizer(report, tokenizer, from_tokenizer, keep_ids)
     policy = canonical(policy) if policy else default_policy(ckpt)
@@ -183,7 +191,8 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
         raise RepairError(f"unknown --init {init!r} (choose {', '.join(INITS)})")
     if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
         raise RepairError("--pad-to-multiple-of must be a positive integer")
-    vocab = [v for v in report.vocab if v.tied_to is None]
+    kept = separate_vocabularies(ckpt, report.vocab, tuple(keep))
+    vocab = [v for v in report.vocab if v.tied_to is None and v.name not in kept]
     blocked = repair_blocker(ckpt, vocab)
     if blocked:
         raise RepairError(f"{ckpt.path}: {blocked}")
@@ -207,7 +216,8 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
         why = (f"rows: {target} for {tokenizer.size} tokens (padding rule: the padding_multiple {recorded_multiple} "
                "the checkpoint records beside its padded_vocab_size)")
     plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
-                      findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by)
+                      findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by,
+                      keep=tuple(keep), kept=kept)
     plans: dict[int, RowPlan] = {}
     for v in vocab:
         if v.rows not in plans:
@@ -283,7 +293,10 @@ def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
     """Recorded vocab sizes (nanoGPT model_args, Lightning hyper_parameters, litgpt) follow the rows."""
     from ckptfix.recorded import find_recorded, updates
 
-    plan.recorded = updates(find_recorded(plan.ckpt.extras), old_rows, plan.target_rows, plan.tokenizer.size)
+    from ckptfix.audit import display
+
+    changes = updates(find_recorded(plan.ckpt.extras), old_rows, plan.target_rows, plan.tokenizer.size)
+    plan.recorded = {path: value for path, value in changes.items() if display(path) not in plan.keep}
     for path, value in plan.recorded.items():
         plan.notes.append(f"recorded {'.'.join(map(str, path))} set to {value}")
 

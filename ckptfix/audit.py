@@ -1,0 +1,446 @@
+"""The audit: after planning, before writing, every value that carries the old vocab size is accounted for.
+
+The plan is built from what ckptfix recognises (named or shaped embeddings and heads, the moments of a parsed
+optimizer, recorded `vocab_size`-like keys). Everything else a checkpoint holds is assumed fine by the plan,
+so this module walks all of it, independently of how the plan was made: every model tensor, every tensor
+anywhere in the file's own tree (every optimizer under any key, nested dicts and lists of state, Lightning's
+`optimizer_states` list), every integer of the saved configs, hparams and args (nested configs included).
+A value carries the old size when a tensor has it along an axis, a 1-D buffer's length is the total of
+parameters that include a vocab tensor, or an integer equals it. Each such value is
+
+  changed     the plan rewrites it (what the writer will do is said);
+  kept        left as it is for a stated reason (a position table, a per-layer tensor, a counter whose
+              name says what it counts, a separate vocabulary, `--keep`);
+  unresolved  nobody checked it: a finding in inspect (CKF130-CKF133), a refusal in repair (exit 2) naming
+              the value, its path in the file and the flag or policy that resolves it.
+
+"kept" is only said of what was checked. The writers never see this module; `repair()` runs it between
+`make_plan` and the writer, inspect after its checks, the guard after its plan.
+
+Bounded: containers are visited once each (a pickle's memo can share one dict under many keys: a DAG that
+is exponential as a tree), at most `MAX_DEPTH` deep and `MAX_NODES` in all; a tree past either bound is
+itself unresolved (never "kept": the rest was not looked at).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
+
+from ckptfix.checkpoint import TensorInfo
+from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef
+from ckptfix.vocab import NOT_VOCAB_NAMES, PER_LAYER
+
+if TYPE_CHECKING:
+    from ckptfix.surgery.plan import RepairPlan
+
+CHANGED, KEPT, UNRESOLVED = "changed", "kept", "unresolved"
+MAX_DEPTH = 32  # configs and optimizer states nest a few levels; SECURITY.md's pickle depth bound is larger
+MAX_NODES = 1_000_000  # containers and leaves visited in one audit; a real checkpoint has far fewer
+
+# Integer keys that name what they count: equal to the vocab size by chance, never a vocab size.
+_COUNTER_KEY = re.compile(
+    r"(position|max_len|length|seq|ctx|context|block_size|window|hidden|intermediate|inner|d_model|d_ff|d_kv|"
+    r"n_embd|embed_dim|^dim$|_dim$|width|head|layer|step|epoch|iter|batch|seed|sample|warmup|patience|worker|"
+    r"rank|world|gpu|node|label|class|_id$|^id$|_ids$|index|idx|time|year|version|port|flos|save|eval|log|"
+    r"accum|expert|channel|image|patch|num_query|query_length|bucket|shard|chunk|frame|mel|audio|resolution)",
+    re.IGNORECASE)
+# ... and keys that say "vocab size" (an unplanned one of these is always unresolved)
+_VOCAB_KEY = re.compile(r"(vocab|^n_?tokens?$|^ntokens?$|^num_tokens$|^n_words$|token_count)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Value:
+    """One value that carries an old vocab size, and what happens to it."""
+
+    path: str  # where it is in the file (a model tensor's name; `optimizer_states[1].state.0.exp_avg`; `config.text_config.vocab_size`)
+    what: str  # "[300, 16] float32" or "300"
+    status: str  # changed | kept | unresolved
+    reason: str  # what the plan does, why it is kept, or why nobody can say
+    code: str | None = None  # the finding code of an unresolved value
+    resolve: str = ""  # the flag or policy that resolves it
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "value": self.what, "status": self.status, "reason": self.reason,
+                "code": self.code, "resolve": self.resolve or None}
+
+
+@dataclass
+class Audit:
+    sizes: tuple[int, ...]  # the old sizes looked for (row counts, the old tokenizer's size)
+    values: list[Value] = field(default_factory=list)
+
+    @property
+    def unresolved(self) -> list[Value]:
+        return [v for v in self.values if v.status == UNRESOLVED]
+
+    def refusal(self, source: str) -> str:
+        """repair's one-line refusal: every unresolved value (the first few in full), with its resolution."""
+        bad = self.unresolved
+        shown = "; ".join(f"{v.path} ({v.what}): {v.reason}; resolve: {v.resolve}" for v in bad[:4])
+        more = f"; and {len(bad) - 4} more (ckptfix inspect lists them)" if len(bad) > 4 else ""
+        return (f"{source}: {len(bad)} value(s) carry the old vocab size ({'/'.join(map(str, self.sizes))}) and the "
+                f"plan does not account for them: {shown}{more}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sizes": list(self.sizes), "values": [v.to_json() for v in self.values]}
+
+
+def audit(plan: RepairPlan, mapping: Any = None) -> Audit:
+    """Account for every value of `plan.ckpt` that carries an old vocab size (module docstring)."""
+    sizes, int_sizes = old_sizes(plan)
+    result = Audit(tuple(sorted(sizes | int_sizes)))
+    if not sizes:
+        return result
+    ctx = _Context(plan, sizes, int_sizes, mapping)
+    walk = _Walk()
+    if isinstance(plan.ckpt.raw, Mapping):  # one file's own tree: every section, parsed or not
+        items = walk.tree(plan.ckpt.raw, ())
+    else:  # a folder: its model (tensors from every file, the parsed optimizer, the configs as extras)
+        items = walk.model(plan.ckpt)
+    for path, value in items:
+        found = ctx.classify(path, value)
+        if found is not None:
+            result.values.append(found)
+    result.values += ctx.row_counts()
+    if walk.truncated:
+        result.values.append(Value(walk.truncated, "", UNRESOLVED, f"the tree is past the audit's bound ({MAX_DEPTH} "
+                                   f"levels, {MAX_NODES} values): what lies beyond was not checked", "CKF130",
+                                   "none: ckptfix cannot vouch for this checkpoint"))
+    return result
+
+
+def old_sizes(plan: RepairPlan) -> tuple[set[int], set[int]]:
+    """(row counts that change, other old sizes integers may record: the old tokenizer's)."""
+    rows = {e.plan.old_rows for e in plan.weights.values() if e.plan.old_rows != e.plan.new_rows}
+    if not rows:
+        return set(), set()
+    extra = set()
+    if plan.from_tokenizer is not None and plan.from_tokenizer.size != plan.tokenizer.size:
+        extra.add(plan.from_tokenizer.size)
+    return rows, extra - rows
+
+
+def separate_vocabularies(ckpt: Any, vocab: list, keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """Vocab tensors that belong to another vocabulary with its own tokenizer: name -> the reason. The plan
+    leaves them out and the audit says they were kept, and why. Today only what the user names with `--keep`;
+    an answer from the config's structure (a Q-Former's own `qformer_config.vocab_size`) plugs in here."""
+    return {v.name: "kept as asked (--keep): not indexed by this tokenizer's ids" for v in vocab if v.name in keep}
+
+
+class _Pos(int):
+    """A list position in a path (a dict key that is an int is spelled .3, a list position [3])."""
+
+
+def display(path: tuple) -> str:
+    """A path in the file as one string: keys joined by dots, list positions as [i]."""
+    out = ""
+    for key in path:
+        if isinstance(key, _Pos) and out:
+            out += f"[{key}]"
+        else:
+            out += ("." if out else "") + str(key)
+    return out
+
+
+class _Walk:
+    """Each container once, depth- and count-bounded; yields (path, leaf) for tensors and integers."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.nodes = 0
+        self.truncated = ""
+
+    def tree(self, node: Any, path: tuple) -> Iterator[tuple[tuple, Any]]:
+        stack = [(path, node)]
+        while stack:
+            path, node = stack.pop()
+            self.nodes += 1
+            if self.nodes > MAX_NODES or len(path) > MAX_DEPTH:
+                self.truncated = self.truncated or display(path)[:200] or "(top level)"
+                continue
+            if isinstance(node, (TensorRef, TensorInfo)) or (isinstance(node, int) and not isinstance(node, bool)):
+                yield path, node
+                continue
+            children = _children(node)
+            if children is None or id(node) in self.seen:
+                continue
+            self.seen.add(id(node))
+            stack.extend((path + (k,), v) for k, v in reversed(children))
+
+    def model(self, ckpt: Any) -> Iterator[tuple[tuple, Any]]:
+        for name, t in ckpt.model.items():
+            yield _MODEL + (name,), t
+        opt = ckpt.optimizer
+        if opt is not None:
+            for i, group in enumerate(opt.groups):
+                yield from self.tree(group.options, _OPTIMIZER + ("param_groups", i))
+            for index, ps in opt.state.items():
+                for key, t in ps.tensors.items():
+                    yield _OPTIMIZER + ("state", index, key), t
+                yield from self.tree(ps.other, _OPTIMIZER + ("state", index))
+        for name, part in (("scheduler", ckpt.scheduler), ("scaler", ckpt.scaler)):
+            if part is not None:
+                yield from self.tree(part, (f"<{name}>",))
+        yield from self.tree(ckpt.extras, ())
+
+
+# Section markers of a folder's model walk (a file's tree uses its own keys)
+_MODEL, _OPTIMIZER = ("<model>",), ("<optimizer>",)
+
+
+def _children(node: Any) -> list[tuple[Any, Any]] | None:
+    if isinstance(node, Mapping):
+        return list(node.items())
+    if isinstance(node, (list, tuple)):
+        return [(_Pos(i), v) for i, v in enumerate(node)]
+    if isinstance(node, OpaqueObject):  # a pickled object's fields (argparse.Namespace, an AttributeDict)
+        parts: list[tuple[Any, Any]] = []
+        if isinstance(node.state, Mapping):
+            parts += list(node.state.items())
+        parts += list(node.items.items())
+        return parts
+    return None
+
+
+def _section(spelled: str | None) -> tuple | None:
+    """A `Checkpoint.sections` entry as a path in the file's tree ("optimizer_states[0]", "state/model")."""
+    if spelled is None:
+        return None
+    if spelled == "":
+        return ()
+    out: list[Any] = []
+    for part in spelled.split("/"):
+        m = re.fullmatch(r"(.*)\[(\d+)\]", part)
+        out += [m.group(1), _Pos(m.group(2))] if m else [part]
+    return tuple(out)
+
+
+class _Context:
+    def __init__(self, plan: RepairPlan, sizes: set[int], int_sizes: set[int], mapping: Any) -> None:
+        ckpt = plan.ckpt
+        self.plan, self.ckpt, self.sizes, self.int_sizes = plan, ckpt, sizes, int_sizes
+        in_file = isinstance(ckpt.raw, Mapping)
+        self.model_at = _section(ckpt.sections.get("model")) if in_file else _MODEL
+        self.optimizer_at = _section(ckpt.sections.get("optimizer")) if in_file else _OPTIMIZER
+        self.extras_at: tuple = ()
+        self.keep = set(plan.keep)
+        self.names = dict(getattr(mapping, "names", {}) or {})
+        self.widths = {e.source.shape[1] for e in plan.weights.values() if len(e.source.shape) == 2}
+        self.flat = self._flat_totals()
+
+    # --- one value ---------------------------------------------------------------------------------
+
+    def classify(self, path: tuple, value: Any) -> Value | None:
+        if isinstance(value, int):
+            return self._integer(path, value) if self._in_extras(path) else None
+        shape = tuple(value.shape)
+        hit = next((s for s in shape if s in self.sizes), None)
+        flat = hit is None and len(shape) == 1 and shape[0] in self.flat
+        if hit is None and not flat:
+            return None
+        what = f"{list(shape)} {value.dtype}"
+        where = display(path)
+        if where in self.keep:
+            return Value(where, what, KEPT, "kept as asked (--keep)")
+        name = self._model_name(path)
+        if name is not None:
+            return self._model_tensor(where, name, what, shape, hit, flat)
+        state = self._optimizer_entry(path)
+        if state is not None:
+            return self._state_tensor(where, state, what, hit, flat)
+        size = f"{hit} rows" if hit is not None else f"the length of {self.flat[shape[0]]}"
+        return Value(where, what, UNRESOLVED, f"a tensor with {size} that ckptfix does not read: it would be "
+                     "written back unchanged", "CKF130" if not flat else "CKF131",
+                     f"--keep {where} if it is not indexed by token ids; otherwise ckptfix cannot repair this "
+                     "checkpoint yet")
+
+    def _model_tensor(self, where: str, name: str, what: str, shape: tuple, hit: int | None, flat: bool) -> Value:
+        plan = self.plan
+        owner = self.ckpt.tied.get(name, name)
+        if owner in plan.weights:
+            edit = plan.weights[owner]
+            return Value(where, what, CHANGED, f"resized to {list(edit.new_shape)}"
+                         + (f" (shares storage with {owner})" if owner != name else ""))
+        if owner in plan.kept:
+            return Value(where, what, KEPT, plan.kept[owner])
+        reason = self._incidental(name, shape, hit)
+        if reason:
+            return Value(where, what, KEPT, reason)
+        code = "CKF131" if flat else "CKF130"
+        return Value(where, what, UNRESOLVED, "a model tensor with the vocab's size "
+                     f"{'in its length' if flat else f'({hit}) along an axis'} that the plan does not resize: it "
+                     "would stay at the old size", code,
+                     f"--keep {name} if it is not indexed by token ids (it then stays as it is)")
+
+    def _incidental(self, name: str, shape: tuple, hit: int | None) -> str:
+        """Why a tensor's dimension equals the vocab size without being indexed by token ids, or ''."""
+        if NOT_VOCAB_NAMES.search(name):
+            return "indexed by position or segment, not by token id (its name says so)"
+        if hit is not None and PER_LAYER.search(name):
+            return "a per-layer tensor (vocab tables are never per layer): its size only happens to be equal"
+        if hit is not None and hit in self.widths and shape.count(hit) == len(shape):
+            return f"a square matrix of the model width {hit}, which only happens to equal the vocab's rows"
+        return ""
+
+    def _state_tensor(self, where: str, state: tuple, what: str, hit: int | None, flat: bool) -> Value:
+        plan = self.plan
+        index, key, nested = state
+        if not nested and (index, key) in plan.moments:
+            return Value(where, what, CHANGED, f"resized to {list(plan.moments[(index, key)].new_shape)} with its "
+                         "parameter's rows")
+        if plan.drop_optimizer_state:
+            return Value(where, what, CHANGED, f"dropped (--policy {plan.policy}: the optimizer restarts its state)")
+        owner = self.names.get(index)
+        if isinstance(owner, str) and owner not in plan.weights and hit is not None:
+            reason = self._incidental(owner, tuple(self.ckpt.model[owner].shape) if owner in self.ckpt.model else (),
+                                      hit)
+            if reason:
+                return Value(where, what, KEPT, f"state of {owner}: {reason}")
+        whose = f" of {owner}" if isinstance(owner, str) else ""
+        return Value(where, what, UNRESOLVED, f"optimizer state{whose} ckptfix cannot remap ({'a flat buffer' if flat else 'not a moment it knows the layout of'}): it "
+                     "would stay at the old size", "CKF131" if flat else "CKF130",
+                     "--policy fresh (drop optimizer state, keep the schedule) or --policy reset")
+
+    def _integer(self, path: tuple, value: int) -> Value | None:
+        if value not in self.sizes and value not in self.int_sizes:
+            return None
+        rel = path[len(self.extras_at):]
+        where = display(path)
+        if rel in self.plan.recorded:
+            return Value(where, str(value), CHANGED, f"set to {self.plan.recorded[rel]}")
+        if where in self.keep:
+            return Value(where, str(value), KEPT, "kept as asked (--keep)")
+        key = next((k for k in reversed(path) if isinstance(k, str)), "")
+        if not _VOCAB_KEY.search(key) and _COUNTER_KEY.search(key):
+            return Value(where, str(value), KEPT, f"{key!r} counts something else: equal to a vocab size by chance")
+        said = "names a vocab size" if _VOCAB_KEY.search(key) else "equals the vocab size and its name does not say what it counts"
+        return Value(where, str(value), UNRESOLVED, f"a recorded integer that {said}; the plan does not change it",
+                     "CKF132", f"--keep {where} if it is not this model's vocab size")
+
+    # --- where a value is ----------------------------------------------------------------------------
+
+    def _in_extras(self, path: tuple) -> bool:
+        """Integers are looked for in the configs, hparams, args and counters (extras), not in tensors'
+        sections: a model, an optimizer's param ids and step counts, a schedule."""
+        if self.ckpt.raw is None or not isinstance(self.ckpt.raw, Mapping):
+            return bool(path) and not str(path[0]).startswith("<")
+        return bool(path) and (path[0] in self.ckpt.extras or (path[0] == "state" and self.ckpt.format == "composer"
+                                                              and "state" in self.ckpt.extras))
+
+    def _model_name(self, path: tuple) -> str | None:
+        at = self.model_at
+        if at is None or path[:len(at)] != at or len(path) == len(at):
+            return None
+        name = ".".join(str(k) for k in path[len(at):])
+        return name if name in self.ckpt.model else None
+
+    def _optimizer_entry(self, path: tuple) -> tuple | None:
+        at = self.optimizer_at
+        if at is None or path[:len(at)] != at:
+            return None
+        rest = path[len(at):]
+        if len(rest) >= 3 and rest[0] == "state":
+            return rest[1], rest[2], rest[3:]
+        if rest and rest[0] == "state" and len(rest) < 3:
+            return None
+        return ("param_groups", "", rest) if rest else None
+
+    def _flat_totals(self) -> dict[int, str]:
+        """Lengths of a buffer that flattens parameters including a vocab tensor: all of the model's float
+        parameters, or one optimizer group's (when its parameters are named)."""
+        ckpt, planned = self.ckpt, set(self.plan.weights)
+        if not planned:
+            return {}
+        unique = {n: t for n, t in ckpt.model.items() if n not in ckpt.tied and t.is_float}
+        out = {sum(t.numel for t in unique.values()): "all model parameters"}
+        if ckpt.optimizer is not None and self.names:
+            for i, g in enumerate(ckpt.optimizer.groups):
+                names = [self.names.get(p) for p in g.params]
+                if any(n in planned for n in names) and all(isinstance(n, str) and n in ckpt.model for n in names):
+                    out.setdefault(sum(math.prod(ckpt.model[n].shape) for n in names), f"param group {i}'s parameters")
+        return {k: v for k, v in out.items() if k > max(self.sizes)}
+
+    # --- the plan's own row counts -------------------------------------------------------------------
+
+    def row_counts(self) -> list[Value]:
+        """Vocab tensors the plan resizes from row counts that cannot all be the one vocabulary: a table far
+        from the LM's rows (a second vocabulary with its own tokenizer: a Q-Former's BERT table), or an
+        embedding with rows beyond the vocab the config records (Mllama's image tokens)."""
+        from ckptfix.recorded import recorded_rows
+        from ckptfix.vocab import _near
+
+        plan = self.plan
+        heads = [e for e in plan.weights.values() if e.role == "head"]
+        main = max((e.plan.old_rows for e in heads), default=None)
+        if main is None:
+            main = max((e.plan.old_rows for e in plan.weights.values()), default=None)
+        if main is None:
+            return []
+        recorded = recorded_rows(self.ckpt.extras)
+        out = []
+        for name, e in plan.weights.items():
+            rows = e.plan.old_rows
+            if rows == main:
+                continue
+            what = f"{list(e.source.shape)} {e.source.dtype}"
+            if not _near(rows, {main}):
+                out.append(Value(name, what, UNRESOLVED, f"{rows} rows, far from the {main} rows of the LM's vocab: "
+                                 "a second vocabulary with its own tokenizer would be resized as if it were this one",
+                                 "CKF133", f"--keep {name} (a separate vocabulary stays as it is)"))
+            elif e.role == "embedding" and rows > main and main in recorded:
+                out.append(Value(name, what, UNRESOLVED, f"{rows - main} row(s) beyond the {main} the config records "
+                                 "as its vocab size (and the head has): rows the model adds past the vocab "
+                                 f"would be cut or moved as token rows", "CKF133",
+                                 "none yet: resize it with the model's own resize_token_embeddings"))
+        return out
+
+
+def inspect_audit(report: Any) -> Audit | None:
+    """For inspect: the audit of the plan repair would make with its defaults (`--init mean`: the same rows,
+    no pieces spelled). None without a tokenizer, or when repair would refuse anyway (inspect says why)."""
+    from ckptfix.errors import CkptfixError
+    from ckptfix.surgery.plan import make_plan
+
+    if report.tokenizer is None or not report.vocab:
+        return None
+    old = report.old_tokenizer
+    try:
+        plan = make_plan(report, report.tokenizer, old.info if old is not None and old.origin == "given" else None,
+                         init="mean", format_notes=False)
+    except CkptfixError:
+        return None
+    return audit(plan, report.mapping)
+
+
+_PYTORCH = {
+    "CKF130": "Written back at the old size: torch loads it without complaint (an optimizer's state is not "
+              "checked against its parameter), and the first step raises a size mismatch, or a model built for "
+              "the new vocab refuses it in load_state_dict.",
+    "CKF131": "A flat buffer keeps its old length: the framework that unflattens it fails, or misreads every "
+              "value after the vocab tensor.",
+    "CKF132": "The framework rebuilds the model from the recorded size before loading the weights: a size mismatch.",
+    "CKF133": "The rows are moved as token rows: the other vocabulary's table (or the rows past the vocab) is "
+              "damaged, with no error from PyTorch.",
+}
+
+
+def findings(result: Audit | None) -> list:
+    """inspect's findings for the unresolved values, one per code, each naming its values and resolutions."""
+    from ckptfix.checks import finding
+
+    if result is None:
+        return []
+    out = []
+    for code in sorted({v.code for v in result.unresolved if v.code}):
+        values = [v for v in result.unresolved if v.code == code]
+        listed = "; ".join(f"{v.path} ({v.what}): {v.reason}" for v in values[:5])
+        more = f"; and {len(values) - 5} more" if len(values) > 5 else ""
+        fixes = list(dict.fromkeys(v.resolve for v in values if v.resolve))
+        out.append(finding(code, f"{len(values)} value(s) with the old vocab size that repair would not account "
+                           f"for: {listed}{more}", pytorch=_PYTORCH[code],
+                           fix="; ".join(fixes[:5]) + ("; ..." if len(fixes) > 5 else ""),
+                           tensors=[v.path for v in values]))
+    return out
