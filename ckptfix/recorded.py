@@ -15,6 +15,9 @@ from typing import Any, Iterator
 # Keys that record the number of vocab rows (litgpt's `vocab_size` is the tokenizer's, next to
 # `padded_vocab_size`, the rows: see `_row_keys`).
 VOCAB_KEYS = ("vocab_size", "padded_vocab_size", "n_vocab", "ntoken", "ntokens", "num_tokens")
+# A bare `vocab` (a LightningModule's `__init__(vocab)` saved by `save_hyperparameters`): updated with the rows
+# when it equals them, but too generic a name to be the fit rule's evidence or CKF115's subject.
+FOLLOW_KEYS = ("vocab",)
 _MAX_DEPTH = 8  # configs nest a few levels (Composer: state.integrations.huggingface.model.config.content)
 
 
@@ -25,6 +28,7 @@ class Recorded:
     path: tuple[Any, ...]
     value: int
     rows_key: bool  # this key records the rows (False: litgpt's tokenizer-sized `vocab_size`)
+    evidence: bool = True  # False: a FOLLOW_KEYS entry, changed with the rows but never evidence of them
 
     @property
     def where(self) -> str:
@@ -43,8 +47,8 @@ def _walk(node: Any, path: tuple[Any, ...], seen: set[int]) -> Iterator[Recorded
     seen.add(id(node))
     rows_keys = _row_keys(node)
     for key, value in node.items():
-        if key in VOCAB_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            yield Recorded(path + (key,), value, key in rows_keys)
+        if key in VOCAB_KEYS + FOLLOW_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            yield Recorded(path + (key,), value, key in rows_keys or key in FOLLOW_KEYS, key not in FOLLOW_KEYS)
         elif isinstance(value, dict):
             yield from _walk(value, path + (key,), seen)
 
@@ -62,7 +66,7 @@ def recorded_rows(extras: dict[str, Any]) -> set[int]:
     """The row counts a checkpoint records for its model (config.json `vocab_size`, nanoGPT's model_args,
     openai-whisper's dims `n_vocab`, ...): the fit rule's evidence that rows above the tokenizer are the
     model's own size."""
-    return {r.value for r in find_recorded(extras) if r.rows_key}
+    return {r.value for r in find_recorded(extras) if r.rows_key and r.evidence}
 
 
 def recorded_padding(extras: dict[str, Any], rows: int) -> int | None:
@@ -82,14 +86,14 @@ def recorded_padding(extras: dict[str, Any], rows: int) -> int | None:
 
 def disagreeing(recorded: list[Recorded], rows: set[int]) -> list[Recorded]:
     """Recorded row counts that no vocab tensor has."""
-    return [r for r in recorded if r.rows_key and r.value not in rows]
+    return [r for r in recorded if r.rows_key and r.evidence and r.value not in rows]
 
 
 def updates(recorded: list[Recorded], old_rows: set[int], new_rows: int, tokens: int) -> dict[tuple, int]:
     """path -> new value for a repair to `new_rows` rows and a `tokens`-id tokenizer."""
     out = {}
     for r in recorded:
-        if r.rows_key and r.value in old_rows and r.value != new_rows:
+        if r.rows_key and r.value in old_rows and r.value != new_rows:  # a FOLLOW_KEYS entry only when equal
             out[r.path] = new_rows
         elif not r.rows_key and r.value != tokens:  # litgpt's vocab_size: the tokenizer's size
             out[r.path] = min(tokens, new_rows)

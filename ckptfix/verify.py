@@ -46,7 +46,7 @@ def _model(plan: RepairPlan, out: Checkpoint) -> list[str]:
 
 def _optimizer(plan: RepairPlan, out: Checkpoint) -> list[str]:
     src = plan.ckpt.optimizer
-    if src is None:
+    if src is None or (plan.drop_optimizer_state and out.optimizer is None):  # dropped: some writers drop the file
         return []
     if out.optimizer is None:
         return ["the optimizer state is missing from OUT"]

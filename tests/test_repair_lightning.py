@@ -121,8 +121,10 @@ def test_remap_resumes_with_trainer_fit(source, tokenizers, tmp_path, new_vocab)
 
     sd = torch.load(out, weights_only=True)
     assert set(sd) == set(src) | {"ckptfix"}
-    for key in ("epoch", "global_step", "loops", "callbacks", "hyper_parameters", "pytorch-lightning_version"):
+    for key in ("epoch", "global_step", "loops", "callbacks", "pytorch-lightning_version"):
         assert sd[key] == src[key], key
+    # LitLM(vocab) saves its vocab as an hparam: LitLM.load_from_checkpoint rebuilds the module from it
+    assert sd["hyper_parameters"] == {**src["hyper_parameters"], "vocab": new_vocab}
     assert sd["lr_schedulers"] == src["lr_schedulers"]
     rec = sd["ckptfix"]
     assert rec["format"] == "lightning" and rec["optimizer_state"] == "remapped" and rec["source_sha256"] == digest
@@ -189,14 +191,15 @@ def test_reset_restarts_the_schedule(source, tokenizers, tmp_path):
     assert_trains(module.losses)
 
 
-def test_load_from_checkpoint_needs_the_new_vocab_as_override(source, tokenizers, tmp_path):
+def test_load_from_checkpoint_rebuilds_at_the_new_vocab(source, tokenizers, tmp_path):
+    """hyper_parameters' `vocab` equals the rows: repair sets it with them (the audit would refuse to leave it),
+    so load_from_checkpoint rebuilds the module at the new vocab with no override."""
     path, _, _ = source
     out = tmp_path / "fixed.ckpt"
     ckptfix.repair(path, tokenizers[64], out)
-    module = LitLM.load_from_checkpoint(out, vocab=64, weights_only=True)
-    assert module.lm.embedding.weight.shape == (64, 16)
-    with pytest.raises(RuntimeError, match="size mismatch"):  # hyper_parameters still say vocab=48
-        LitLM.load_from_checkpoint(out, weights_only=True)
+    for module in (LitLM.load_from_checkpoint(out, vocab=64, weights_only=True),
+                   LitLM.load_from_checkpoint(out, weights_only=True)):
+        assert module.lm.embedding.weight.shape == (64, 16)
 
 
 def test_lightning_record_is_plain_data(source, tokenizers, tmp_path):
