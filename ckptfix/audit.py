@@ -104,6 +104,12 @@ def audit(plan: RepairPlan, mapping: Any = None) -> Audit:
         found = ctx.classify(path, value)
         if found is not None:
             result.values.append(found)
+    listed = {v.path for v in result.values}
+    for name, reason in plan.kept.items():  # left out of the plan: checked, whatever their rows
+        t = plan.ckpt.model[name]
+        where = display(ctx.model_at + (name,)) if ctx.model_at is not None else name
+        if where not in listed:
+            result.values.append(Value(where, f"{list(t.shape)} {t.dtype}", KEPT, reason))
     result.values += ctx.row_counts()
     if walk.truncated:
         result.values.append(Value(walk.truncated, "", UNRESOLVED, f"the tree is past the audit's bound ({MAX_DEPTH} "

@@ -28,6 +28,7 @@ class Report:
     tokenizer: Any = None
     notes: list[str] = field(default_factory=list)
     old_tokenizer: Any = None  # identity.OldTokenizer: the tokenizer the rows belong to, when known
+    audit: Any = None  # ckptfix.audit.Audit of the plan repair would make (inspect with a tokenizer)
 
     @property
     def exit_code(self) -> int:
@@ -63,6 +64,7 @@ class Report:
             "weights_only": weights_only_summary(ckpt),
             "record": ckpt.record.to_json() if ckpt.record is not None else None,
             "notes": ckpt.notes + self.notes,
+            "audit": self.audit.to_json() if self.audit is not None else None,
             "findings": [f.to_json() for f in self.findings],
             "summary": self.counts(),
         }
@@ -96,7 +98,8 @@ def _add_audit(report: Report) -> None:
     from ckptfix.audit import findings, inspect_audit
     from ckptfix.checks import SEVERITIES
 
-    made = findings(inspect_audit(report))
+    report.audit = inspect_audit(report)
+    made = findings(report.audit)
     if made:
         order = {s: i for i, s in enumerate(SEVERITIES)}
         report.findings = sorted(report.findings + made, key=lambda f: (order[f.severity], f.code))
