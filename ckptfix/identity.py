@@ -14,6 +14,7 @@ Only `TokenizerInfo`'s id -> token table is used here; reading tokenizer formats
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -217,16 +218,26 @@ def _config_special_ids(new: Any, rows: int, config: Any) -> list[Evidence]:
 
 
 def _user_defined_pieces(tok: Any) -> list[tuple[int, str]]:
-    """(id, piece) of a sentencepiece model's USER_DEFINED pieces; [] for other tokenizers."""
+    """(id, piece) of a sentencepiece model's USER_DEFINED pieces; [] for other tokenizers. Read once per
+    file version: inspect's notes, CKF122 and repair's plan all ask (the file was read three times)."""
     source = getattr(tok, "source", "")
     if not isinstance(source, str) or not source.endswith(".model") or not os.path.isfile(source):
         return []
     try:
+        st = os.stat(source)
+    except OSError:
+        return []
+    return list(_user_defined_in(source, st.st_ino, st.st_size, st.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=8)
+def _user_defined_in(source: str, inode: int, size: int, mtime_ns: int) -> tuple[tuple[int, str], ...]:
+    try:
         with open(source, "rb") as f:  # read(n) allocates n bytes up front: never more than the file holds
             data = f.read(min(os.fstat(f.fileno()).st_size, 1 << 28))
-        return [(i, piece) for i, (piece, kind) in enumerate(_sentencepiece_pieces(data)) if kind == _USER_DEFINED]
+        return tuple((i, piece) for i, (piece, kind) in enumerate(_sentencepiece_pieces(data)) if kind == _USER_DEFINED)
     except (OSError, ValueError, IndexError, UnicodeDecodeError):
-        return []  # tokenizers.py already vouched for the file; a read failure here only loses a hint
+        return ()  # tokenizers.py already vouched for the file; a read failure here only loses a hint
 
 
 def _sentencepiece_pieces(data: bytes) -> list[tuple[str, int]]:

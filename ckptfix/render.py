@@ -150,6 +150,9 @@ def render_repair(result) -> str:
         lines.append(_line("", "no tensor changes"))
     if data["scaler_reset"]:
         lines.append(_line("scaler", "collapsed/non-finite scale reset to 65536"))
+    for value in (data.get("audit") or {}).get("values", []):  # checked, and left as it is on purpose
+        if value["status"] == "kept":
+            lines.append(_line("kept", f"{value['path']} ({value['value']}): {value['reason']}"))
     for note in data["notes"]:
         lines.append(_line("note", note))
     if data["backup"]:

@@ -25,7 +25,8 @@ OPT_STR = (str, type(None))
 TOP_LEVEL = {"schema": str, "path": str, "format": str, "model": dict, "optimizer": (dict, type(None)),
              "scheduler": (dict, type(None)), "scaler": (dict, type(None)), "vocab": dict, "extras": dict,
              "weights_only": dict,  # issue 21: what torch.load(weights_only=True) refuses, per pickled object
-             "record": (dict, type(None)), "notes": list, "findings": list, "summary": dict}
+             "record": (dict, type(None)), "notes": list, "findings": list, "summary": dict,
+             "audit": (dict, type(None))}  # issue 27: every value with the old vocab size, and what happens to it
 MODEL = {"tensors": int, "parameters": int, "bytes": int, "dtypes": dict, "tied": dict, "section": OPT_STR}
 OPTIMIZER = {"type": str, "param_groups": list, "params": int, "params_with_state": int, "state_keys": dict,
              "step": (int, float, list), "mapping": str, "state_bytes": int, "section": OPT_STR}

@@ -116,8 +116,19 @@ def plan_resume(ckpt: Any, analysis: Any, live: Live, policy: str, *, reset_sche
     plan.problems += check_sections(ckpt, live, policy, record)
     if plan.model.repair is not None:
         plan.notes += [n for n in plan.model.repair.notes if n not in plan.notes]
+        plan.problems += audit_problems(plan.model.repair, analysis.mapping)
     _decide_training_state(plan, ckpt, live, record, reset_scheduler)
     return plan
+
+
+def audit_problems(repair: Any, mapping: ParamMapping) -> list[Problem]:
+    """The audit of the in-memory resize (`ckptfix.audit`, as repair runs it): a value that carries the old
+    vocab size and that the resize does not account for (a second optimizer's state, a recorded size, a
+    second vocabulary) is an error, named with its path and what resolves it."""
+    from ckptfix.audit import audit
+
+    return [Problem(v.code or "CKF130", "error", f"{v.path} ({v.what}): {v.reason}; resolve: {v.resolve}", (v.path,))
+            for v in audit(repair, mapping).unresolved]
 
 
 def _plan_optimizer_side(ckpt: Any, mapping: ParamMapping, live: Live, plan: ResumePlan) -> OptimizerPlan:
