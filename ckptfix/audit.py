@@ -24,7 +24,6 @@ itself unresolved (never "kept": the rest was not looked at).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
@@ -364,9 +363,9 @@ class _Context:
         out = {sum(t.numel for t in unique.values()): "all model parameters"}
         if ckpt.optimizer is not None and self.names:
             for i, g in enumerate(ckpt.optimizer.groups):
-                names = [self.names.get(p) for p in g.params]
-                if any(n in planned for n in names) and all(isinstance(n, str) and n in ckpt.model for n in names):
-                    out.setdefault(sum(math.prod(ckpt.model[n].shape) for n in names), f"param group {i}'s parameters")
+                names = [n for n in (self.names.get(p) for p in g.params) if isinstance(n, str) and n in ckpt.model]
+                if len(names) == len(g.params) and planned.intersection(names):
+                    out.setdefault(sum(ckpt.model[n].numel for n in names), f"param group {i}'s parameters")
         return {k: v for k, v in out.items() if k > max(self.sizes)}
 
     # --- the plan's own row counts -------------------------------------------------------------------

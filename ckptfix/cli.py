@@ -11,9 +11,9 @@ from typing import Any
 import click
 
 from ckptfix.errors import CkptfixError
-from ckptfix.verify import VerifyFailed
 from ckptfix.policies import REPAIR_POLICIES
 from ckptfix.progress import terminal_progress
+from ckptfix.verify import VerifyFailed
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from ckpt_factory import TinyLM, lm_loss, make_batches
+from tokenizer_factory import train_sentencepiece
 from torch import nn
 
 import ckptfix
 from ckptfix.cli import main
-from ckpt_factory import TinyLM, lm_loss, make_batches
-from tokenizer_factory import train_sentencepiece
 
 OLD, NEW = 301, 311  # primes: no other dimension of these models equals them
 DIM = 16

@@ -291,9 +291,8 @@ def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[
 
 def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
     """Recorded vocab sizes (nanoGPT model_args, Lightning hyper_parameters, litgpt) follow the rows."""
-    from ckptfix.recorded import find_recorded, updates
-
     from ckptfix.audit import display
+    from ckptfix.recorded import find_recorded, updates
 
     changes = updates(find_recorded(plan.ckpt.extras), old_rows, plan.target_rows, plan.tokenizer.size)
     plan.recorded = {path: value for path, value in changes.items() if display(path) not in plan.keep}
