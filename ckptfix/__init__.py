@@ -23,8 +23,7 @@ from typing import Any
 from ckptfix.errors import CkptfixError, RepairError, TokenizerError, UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import read_checkpoint
 from ckptfix.inspect import Report, inspect
-
-__version__ = "0.1.0"
+from ckptfix.version import __version__
 
 _LAZY = {
     "repair": "ckptfix.surgery",

@@ -403,23 +403,6 @@ class _Context:
         return out
 
 
-def inspect_audit(report: Any) -> Audit | None:
-    """For inspect: the audit of the plan repair would make with its defaults (`--init mean`: the same rows,
-    no pieces spelled). None without a tokenizer, or when repair would refuse anyway (inspect says why)."""
-    from ckptfix.errors import CkptfixError
-    from ckptfix.surgery.plan import make_plan
-
-    if report.tokenizer is None or not report.vocab:
-        return None
-    old = report.old_tokenizer
-    try:
-        plan = make_plan(report, report.tokenizer, old.info if old is not None and old.origin == "given" else None,
-                         init="mean", format_notes=False)
-    except CkptfixError:
-        return None
-    return audit(plan, report.mapping)
-
-
 _PYTORCH = {
     "CKF130": "Written back at the old size: torch loads it without complaint (an optimizer's state is not "
               "checked against its parameter), and the first step raises a size mismatch, or a model built for "

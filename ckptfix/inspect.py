@@ -7,11 +7,11 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.checkpoint import Checkpoint
 from ckptfix.checks import Context, Finding, run_checks
 from ckptfix.formats import read_checkpoint
-from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDevice, TorchDtype
 from ckptfix.mapping import ParamMapping, map_optimizer
+from ckptfix.plain import plain
 from ckptfix.vocab import VocabTensor, find_vocab_tensors, tied_head_missing, vocab_rows
 
 SCHEMA = "ckptfix.inspect/1"
@@ -95,14 +95,32 @@ def inspect(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
 def _add_audit(report: Report) -> None:
     """Values that carry the old vocab size and that the plan repair would make does not account for
     (CKF130-CKF133, `ckptfix.audit`): findings, in the report's order."""
-    from ckptfix.audit import findings, inspect_audit
+    from ckptfix.audit import findings
     from ckptfix.checks import SEVERITIES
 
-    report.audit = inspect_audit(report)
+    report.audit = _plan_audit(report)
     made = findings(report.audit)
     if made:
         order = {s: i for i, s in enumerate(SEVERITIES)}
         report.findings = sorted(report.findings + made, key=lambda f: (order[f.severity], f.code))
+
+
+def _plan_audit(report: Report) -> Any:
+    """For inspect: the audit of the plan repair would make with its defaults (`--init mean`: the same rows,
+    no pieces spelled). None without a tokenizer, or when repair would refuse anyway (inspect says why)."""
+    from ckptfix.audit import audit
+    from ckptfix.errors import CkptfixError
+    from ckptfix.surgery.plan import make_plan
+
+    if report.tokenizer is None or not report.vocab:
+        return None
+    old = report.old_tokenizer
+    try:
+        plan = make_plan(report, report.tokenizer, old.info if old is not None and old.origin == "given" else None,
+                         init="mean", format_notes=False)
+    except CkptfixError:
+        return None
+    return audit(plan, report.mapping)
 
 
 def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, verify: bool = False,
@@ -202,45 +220,3 @@ def scaler_summary(ckpt: Checkpoint) -> dict[str, Any] | None:
     out["enabled"] = bool(ckpt.scaler)
     out["section"] = ckpt.sections.get("scaler")
     return out
-
-
-def plain(value: Any) -> Any:
-    """A JSON-safe summary of a checkpoint value (tensors become shape/dtype descriptions).
-
-    Bounded: at most `PLAIN_BUDGET` nodes per value, so a memo-shared pickle DAG (which a naive walk
-    expands exponentially) summarises in linear time."""
-    return _plain(value, 0, [PLAIN_BUDGET])
-
-
-PLAIN_BUDGET = 2000
-
-
-def _plain(value: Any, depth: int, budget: list[int]) -> Any:
-    budget[0] -= 1
-    if isinstance(value, (TensorInfo, TensorRef)):
-        return {"tensor": list(value.shape), "dtype": value.dtype}
-    if isinstance(value, (TorchDtype, TorchDevice)):
-        return repr(value)
-    if isinstance(value, OpaqueObject):
-        return {"object": value.cls}
-    if isinstance(value, float) and value != value:
-        return "nan"
-    if isinstance(value, float) and value in (float("inf"), float("-inf")):
-        return str(value)
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if depth > 3 or budget[0] <= 0:
-        return f"<{type(value).__name__}>"
-    if isinstance(value, dict):
-        items = list(value.items())
-        out = {str(k): _plain(v, depth + 1, budget) for k, v in items[:50]}
-        if len(items) > 50:
-            out["..."] = f"{len(items) - 50} more"
-        return out
-    if isinstance(value, (list, tuple, set, frozenset)):
-        seq = list(value)
-        listed = [_plain(v, depth + 1, budget) for v in seq[:20]]
-        return listed + [f"... {len(seq) - 20} more"] if len(seq) > 20 else listed
-    if isinstance(value, bytes):
-        return f"<{len(value)} bytes>"
-    return repr(value)[:80]

@@ -98,7 +98,7 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
     if not exists:
         raise tokenizer_error(p, "no such file or folder")
     data = _read_bytes(p)
-    from ckptfix import tokenizer_formats as formats  # deferred: it imports this module's helpers
+    import ckptfix.tokenizer_formats as formats  # deferred: it imports this module's helpers
 
     if _looks_like_json(data) and not re.match(rb"\[[A-Za-z0-9_]+\]\r?\n", data):  # "[PAD]\n": a vocab.txt
         doc = _parse_json(p, data)
@@ -126,7 +126,7 @@ SUPPORTED = ("sentencepiece model, tokenizer.json, tiktoken BPE ranks, tekken.js
 
 def _load_by_content(p: Path, data: bytes) -> TokenizerInfo | None:
     """The text formats (and CLIP's gzip'd merges), told apart by their first line."""
-    from ckptfix import tokenizer_formats as formats
+    import ckptfix.tokenizer_formats as formats
 
     if data[:2] == b"\x1f\x8b":
         return formats.load_clip_bpe(p, data)

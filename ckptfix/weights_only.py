@@ -99,8 +99,8 @@ def _check_plain(tree: Any) -> None:
 
 def _record(tree: Any, source: str, sha256: str | None, conversions: list[Conversion]) -> dict[str, Any]:
     """The `ckptfix` entry: a previous record (a repair's) gains the conversions; otherwise a small one of its own."""
-    from ckptfix import __version__
     from ckptfix.record import CONVERSIONS_KEY, CONVERT_SCHEMA, RECORD_KEY, Record
+    from ckptfix.version import __version__
 
     previous = tree.get(RECORD_KEY) if isinstance(tree, dict) else None
     entry = [c.to_json() for c in conversions]

@@ -52,7 +52,7 @@ class Context:
         """The `ckptfix repair` line that fixes this checkpoint, with a sensible output path, quoted for a
         POSIX shell (a path with a space or a quote pastes as one argument). Where repair would refuse the
         checkpoint, the reason instead: inspect never prints a command that then fails."""
-        from ckptfix.vocab import repair_blocker
+        from ckptfix.blockers import repair_blocker
 
         blocked = repair_blocker(self.ckpt, self.vocab)
         if blocked:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
-from ckptfix import untrusted
+import ckptfix.untrusted as untrusted
 from ckptfix.errors import UnreadableCheckpoint
 
 if TYPE_CHECKING:  # checkpoint.py imports formats.pickle_safe; keep this package import-light

@@ -576,7 +576,7 @@ def _globals_in(node: Any) -> set[str]:
 
 def _summary(value: Any) -> Any:
     """A converted value as JSON-safe data for the report, bounded."""
-    from ckptfix.inspect import plain
+    from ckptfix.plain import plain
 
     return plain(value)
 

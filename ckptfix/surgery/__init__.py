@@ -253,8 +253,8 @@ def build_record(plan: RepairPlan, source_sha256: str | None) -> dict[str, Any]:
 def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
     """What this repair did, for the output's record: provenance, plus the facts a later run acts on
     (the tokenizer the rows now belong to, the optimizer's parameter names when all are known)."""
-    from ckptfix import __version__
     from ckptfix.mapping import map_optimizer
+    from ckptfix.version import __version__
 
     mapping = map_optimizer(plan.ckpt)
     indices = plan.ckpt.optimizer.indices() if plan.ckpt.optimizer is not None else []

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptfix.blockers import repair_blocker
 from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torch
 from ckptfix.checks import Finding
 from ckptfix.checks.reserved import never_trained_from
@@ -25,7 +26,6 @@ from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import recorded_padding, recorded_rows
 from ckptfix.surgery.pieces import piece_rows
 from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_rows_for, plan_by_id, plan_by_token
-from ckptfix.vocab import repair_blocker
 
 POLICIES = REPAIR_POLICIES
 INITS = ("pieces", "mean", "zeros", "normal")

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ckptfix import untrusted
+import ckptfix.untrusted as untrusted
 from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
 from ckptfix.formats import safetensors_file, safetensors_save, torch_file, torch_save

@@ -1,0 +1,35 @@
+"""Why `ckptfix repair` would refuse a checkpoint's vocab tensors, decided from the model alone (inspect prints it
+instead of a repair command that would fail). Apart from `vocab.py` because it asks a format (litgpt's folder),
+and finding vocab tensors must not import the formats."""
+
+from __future__ import annotations
+
+from ckptfix.checkpoint import Checkpoint
+from ckptfix.vocab import VocabTensor, id_list, quantized_vocab_tensors, trainable_token_rows
+
+
+def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
+    """Why `ckptfix repair` would refuse this checkpoint's vocab tensors, decided from the model alone; inspect
+    prints it instead of a repair command that would fail."""
+    import os
+
+    from ckptfix.formats import litgpt_folder
+
+    folder = os.path.dirname(ckpt.path)
+    if ckpt.format == "torch" and os.path.basename(ckpt.path) == litgpt_folder.WEIGHTS and \
+            litgpt_folder.sniff(folder or "."):
+        return (f"{ckpt.path} is a litgpt checkpoint whose vocab size is recorded in the {litgpt_folder.CONFIG} "
+                f"beside it: inspect and repair the folder {folder or '.'} instead, so both change together")
+    tokens = trainable_token_rows(ckpt)
+    if tokens:
+        ids = sorted({i for rows in tokens.values() for i in rows})
+        return (f"the PEFT adapter trains rows for token ids {id_list(ids)} of {', '.join(sorted(tokens))} "
+                "(trainable_token_indices); ckptfix does not rewrite those rows or their ids: re-create the adapter "
+                "for the new tokenizer with the new ids of those tokens")
+    quantized = quantized_vocab_tensors(ckpt, vocab)
+    if quantized:
+        return (f"{quantized[0]} is a quantized vocab tensor ({ckpt.model[quantized[0]].dtype}"
+                f"{f' and {len(quantized) - 1} more' if len(quantized) > 1 else ''}): ckptfix does not resize "
+                "quantized tensors (new rows and per-channel scales cannot be computed from the integers); "
+                "resize the float model, then quantize it again")
+    return None
