@@ -324,3 +324,15 @@ def test_llava_text_config_is_written_or_refused(tokenizer, tmp_path, capsys):
         transformers.LlavaForConditionalGeneration.from_pretrained(out)
     else:
         assert not out.exists() and "text_config.vocab_size" in err, err
+
+
+def test_the_guard_refuses_a_resize_that_leaves_a_second_optimizer_stale(corpus):
+    """ResumeGuard(policy="remap") resizes in memory through the same plan and audit: the AdamW state of the
+    embedding and head under `optimizers[1]` would come back at the old rows, so load raises, naming it."""
+    from ckptfix.guard.resume import ResumeError
+
+    model = TinyLM(NEW, DIM)
+    vocab, rest = _split(model)
+    guard = ckptfix.ResumeGuard(model, torch.optim.AdamW(vocab, lr=1e-3), policy="remap", tokenizer=NEW)
+    with pytest.raises(ResumeError, match=r"optimizers\[1\]\.state\.0\.exp_avg"):
+        guard.load(corpus["two-optimizers-list"])
