@@ -44,7 +44,8 @@ _COUNTER_KEY = re.compile(
     r"(position|max_len|length|seq|ctx|context|block_size|window|hidden|intermediate|inner|d_model|d_ff|d_kv|"
     r"n_embd|embed_dim|^dim$|_dim$|width|head|layer|step|epoch|iter|batch|seed|sample|warmup|patience|worker|"
     r"rank|world|gpu|node|label|class|_id$|^id$|_ids$|index|idx|time|year|version|port|flos|save|eval|log|"
-    r"accum|expert|channel|image|patch|num_query|query_length|bucket|shard|chunk|frame|mel|audio|resolution)",
+    r"accum|expert|channel|image|patch|num_query|query_length|bucket|shard|chunk|frame|mel|audio|resolution|"
+    r"^params$|param_names)",  # an optimizer's parameter ids (a second optimizer kept in the extras)
     re.IGNORECASE)
 # ... and keys that say "vocab size" (an unplanned one of these is always unresolved)
 _VOCAB_KEY = re.compile(r"(vocab|^n_?tokens?$|^ntokens?$|^num_tokens$|^n_words$|token_count)", re.IGNORECASE)
@@ -332,8 +333,10 @@ class _Context:
         sections: a model, an optimizer's param ids and step counts, a schedule."""
         if self.ckpt.raw is None or not isinstance(self.ckpt.raw, Mapping):
             return bool(path) and not str(path[0]).startswith("<")
-        return bool(path) and (path[0] in self.ckpt.extras or (path[0] == "state" and self.ckpt.format == "composer"
-                                                              and "state" in self.ckpt.extras))
+        if not path or path[0] not in self.ckpt.extras:
+            return False
+        shown = self.ckpt.extras[path[0]]  # Composer's "state" is rebuilt without its model and optimizers
+        return shown is self.ckpt.raw.get(path[0]) or len(path) < 2 or (isinstance(shown, Mapping) and path[1] in shown)
 
     def _model_name(self, path: tuple) -> str | None:
         at = self.model_at

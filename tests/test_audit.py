@@ -336,3 +336,43 @@ def test_the_guard_refuses_a_resize_that_leaves_a_second_optimizer_stale(corpus)
     guard = ckptfix.ResumeGuard(model, torch.optim.AdamW(vocab, lr=1e-3), policy="remap", tokenizer=NEW)
     with pytest.raises(ResumeError, match=r"optimizers\[1\]\.state\.0\.exp_avg"):
         guard.load(corpus["two-optimizers-list"])
+
+
+def _with_extras(tmp_path, name, extras):
+    model = TinyLM(OLD, DIM)
+    path = tmp_path / name
+    torch.save({"model": model.state_dict(), **extras}, path)
+    return path
+
+
+def _dag_checkpoint(tmp_path) -> Path:
+    """A dict shared 2**25 ways as a tree (built here, not in the test: a failing test's traceback would
+    print the test's locals, and the repr of a DAG expands it)."""
+    dag: dict = {"leaf": 7}
+    for _ in range(25):
+        dag = {"a": dag, "b": dag}
+    return _with_extras(tmp_path, "dag.pth", {"meta": dag})
+
+
+def _deep_checkpoint(tmp_path, depth: int) -> Path:
+    deep: dict = {"vocab_size_somewhere": OLD}
+    for _ in range(depth):
+        deep = {"x": deep}
+    return _with_extras(tmp_path, "deep.pth", {"meta": deep})
+
+
+def test_a_memo_shared_dag_is_walked_once_and_a_deep_tree_is_refused_not_kept(tmp_path, tokenizer):
+    """Bounded work (SECURITY.md): a dict shared 2**25 ways as a tree is visited once per container; a tree
+    deeper than the audit's bound is unresolved (what lies past it was not checked), never kept."""
+    import time
+
+    from ckptfix.audit import MAX_DEPTH
+
+    path = _dag_checkpoint(tmp_path)
+    start = time.process_time()
+    ckptfix.repair(path, tokenizer, tmp_path / "dag.fixed.pth")
+    assert time.process_time() - start < 20
+
+    path = _deep_checkpoint(tmp_path, MAX_DEPTH + 4)
+    with pytest.raises(ckptfix.RepairError, match="past the audit's bound"):
+        ckptfix.repair(path, tokenizer, tmp_path / "deep.fixed.pth")
