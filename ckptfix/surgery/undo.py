@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from ckptfix.errors import RepairError
 from ckptfix.io import atomic_write, create_file, fsync_dir
-from ckptfix.untrusted import escape
+from ckptfix.untrusted import escape, load_json_file, open_regular
 
 RESTORE_FILE = "ckptfix-restore.json"
 BACKUP_SUFFIX = ".ckptfix-bak"
@@ -90,8 +90,6 @@ class InPlace:
 
 def _copy_new(src: str, dst: str) -> None:
     """A copy of the folder's file `src` as the new file `dst` (read without leaving the folder)."""
-    from ckptfix.untrusted import open_regular
-
     with open_regular(src, error=RepairError) as fin, create_file(dst) as fout:
         shutil.copyfileobj(fin, fout, 1 << 20)
     shutil.copymode(src, dst)
@@ -108,7 +106,7 @@ def restore(folder: str) -> list[str]:
     the folder (no separator, no `..`), each backup the name's own `NAME.ckptfix-bak`; and nothing is removed
     that the restored metadata or index references. Any doubt: exit 2, nothing touched."""
     switch, backups, added = _read_restore_list(folder)
-    keep = _referenced(folder, switch, backups[switch]) if switch in backups else set()
+    keep = _referenced(folder, switch, backups[switch])
     needed = sorted(set(added) & keep)
     if needed:
         raise RepairError(f"{escape(os.path.join(folder, RESTORE_FILE))}: would remove {escape(', '.join(needed))}, "
@@ -128,8 +126,6 @@ def restore(folder: str) -> list[str]:
 
 
 def _read_restore_list(folder: str) -> tuple[str, dict[str, str], list[str]]:
-    from ckptfix.untrusted import load_json_file
-
     record = os.path.join(folder, RESTORE_FILE)
     shown = escape(record)
     if not os.path.isdir(folder) or not os.path.lexists(record):
@@ -150,6 +146,8 @@ def _read_restore_list(folder: str) -> tuple[str, dict[str, str], list[str]]:
                               "nothing restored")
         if not os.path.isfile(os.path.join(folder, backup)) or os.path.islink(os.path.join(folder, backup)):
             raise RepairError(f"{shown}: backup {escape(backup)} is missing or not a regular file; nothing restored")
+    if switch not in backups:  # every in-place repair keeps the file it switches
+        raise RepairError(f"{shown}: no backup of {escape(switch)}, the file it switches; nothing restored")
     if set(added) & (set(backups) | set(backups.values()) | {RESTORE_FILE}):
         raise RepairError(f"{shown}: added names a file it also restores; nothing restored")
     return switch, backups, added
@@ -167,8 +165,6 @@ def _plain_name(name: object, shown: str, field: str) -> str:
 def _referenced(folder: str, switch: str, backup: str) -> set[str]:
     """The data files the switch file about to be restored references (DCP `.metadata`: its storage files;
     a safetensors index: its shards)."""
-    from ckptfix.untrusted import load_json_file
-
     if switch == ".metadata":
         from ckptfix.formats.dcp_folder import read_metadata
 
