@@ -77,15 +77,28 @@ class Audit:
         return [v for v in self.values if v.status == UNRESOLVED]
 
     def refusal(self, source: str) -> str:
-        """repair's one-line refusal: every unresolved value (the first few in full), with its resolution."""
+        """repair's one-line refusal: every unresolved value (the first few named), grouped by reason, each group
+        with its resolution (PATH: each value's path as printed)."""
         bad = self.unresolved
-        shown = "; ".join(f"{v.path} ({v.what}): {v.reason}; resolve: {v.resolve}" for v in bad[:4])
-        more = f"; and {len(bad) - 4} more (ckptfix inspect lists them)" if len(bad) > 4 else ""
         return (f"{source}: {len(bad)} value(s) carry the old vocab size ({'/'.join(map(str, self.sizes))}) and the "
-                f"plan does not account for them: {shown}{more}")
+                f"plan does not account for them: {grouped(bad)}")
 
     def to_json(self) -> dict[str, Any]:
         return {"sizes": list(self.sizes), "values": [v.to_json() for v in self.values]}
+
+
+def grouped(values: list[Value], limit: int = 4) -> str:
+    """Values with the same reason and resolution in one clause: "a, b, c (and 2 more) [301, 16] ...: reason;
+    resolve: ..." (a second optimizer's state is one clause, not one per moment)."""
+    groups: dict[tuple[str, str], list[Value]] = {}
+    for v in values:
+        groups.setdefault((v.reason, v.resolve), []).append(v)
+    clauses = []
+    for (reason, resolve), members in groups.items():
+        named = ", ".join(f"{v.path} ({v.what})" if v.what else v.path for v in members[:limit])
+        more = f" and {len(members) - limit} more" if len(members) > limit else ""
+        clauses.append(f"{named}{more}: {reason}; resolve: {resolve}")
+    return " | ".join(clauses)
 
 
 def audit(plan: RepairPlan, mapping: Any = None) -> Audit:
@@ -258,10 +271,15 @@ class _Context:
         if state is not None:
             return self._state_tensor(where, state, what, hit, flat)
         size = f"{hit} rows" if hit is not None else f"the length of {self.flat[shape[0]]}"
+        code = "CKF130" if not flat else "CKF131"
+        if any(isinstance(k, str) and ("optim" in k.lower() or k == "state") for k in path):
+            return Value(where, what, UNRESOLVED, f"optimizer state with {size} outside the optimizer ckptfix reads "
+                         "(a second optimizer, or one under a key it does not know): it would be written back "
+                         "unchanged", code, "none yet: ckptfix reads one optimizer per checkpoint; save the "
+                         "others' state separately, or drop it and resume them fresh")
         return Value(where, what, UNRESOLVED, f"a tensor with {size} that ckptfix does not read: it would be "
-                     "written back unchanged", "CKF130" if not flat else "CKF131",
-                     f"--keep {where} if it is not indexed by token ids; otherwise ckptfix cannot repair this "
-                     "checkpoint yet")
+                     "written back unchanged", code, "--keep PATH if it is not indexed by token ids; otherwise "
+                     "ckptfix cannot repair this checkpoint yet")
 
     def _model_tensor(self, where: str, name: str, what: str, shape: tuple, hit: int | None, flat: bool) -> Value:
         plan = self.plan
@@ -279,7 +297,7 @@ class _Context:
         return Value(where, what, UNRESOLVED, "a model tensor with the vocab's size "
                      f"{'in its length' if flat else f'({hit}) along an axis'} that the plan does not resize: it "
                      "would stay at the old size", code,
-                     f"--keep {name} if it is not indexed by token ids (it then stays as it is)")
+                     "--keep PATH if it is not indexed by token ids (it then stays as it is)")
 
     def _incidental(self, name: str, shape: tuple, hit: int | None) -> str:
         """Why a tensor's dimension equals the vocab size without being indexed by token ids, or ''."""
@@ -324,7 +342,7 @@ class _Context:
             return Value(where, str(value), KEPT, f"{key!r} counts something else: equal to a vocab size by chance")
         said = "names a vocab size" if _VOCAB_KEY.search(key) else "equals the vocab size and its name does not say what it counts"
         return Value(where, str(value), UNRESOLVED, f"a recorded integer that {said}; the plan does not change it",
-                     "CKF132", f"--keep {where} if it is not this model's vocab size")
+                     "CKF132", "--keep PATH if it is not this model's vocab size")
 
     # --- where a value is ----------------------------------------------------------------------------
 
@@ -397,7 +415,7 @@ class _Context:
             if not _near(rows, {main}):
                 out.append(Value(name, what, UNRESOLVED, f"{rows} rows, far from the {main} rows of the LM's vocab: "
                                  "a second vocabulary with its own tokenizer would be resized as if it were this one",
-                                 "CKF133", f"--keep {name} (a separate vocabulary stays as it is)"))
+                                 "CKF133", "--keep PATH (a separate vocabulary stays as it is)"))
             elif e.role == "embedding" and rows > main and main in recorded:
                 out.append(Value(name, what, UNRESOLVED, f"{rows - main} row(s) beyond the {main} the config records "
                                  "as its vocab size (and the head has): rows the model adds past the vocab "
@@ -427,11 +445,8 @@ def findings(result: Audit | None) -> list:
     out = []
     for code in sorted({v.code for v in result.unresolved if v.code}):
         values = [v for v in result.unresolved if v.code == code]
-        listed = "; ".join(f"{v.path} ({v.what}): {v.reason}" for v in values[:5])
-        more = f"; and {len(values) - 5} more" if len(values) > 5 else ""
         fixes = list(dict.fromkeys(v.resolve for v in values if v.resolve))
         out.append(finding(code, f"{len(values)} value(s) with the old vocab size that repair would not account "
-                           f"for: {listed}{more}", pytorch=_PYTORCH[code],
-                           fix="; ".join(fixes[:5]) + ("; ..." if len(fixes) > 5 else ""),
-                           tensors=[v.path for v in values]))
+                           f"for: {grouped(values)}", pytorch=_PYTORCH[code],
+                           fix=" | ".join(fixes) + " (PATH: as listed under tensors)", tensors=[v.path for v in values]))
     return out
