@@ -24,6 +24,7 @@ itself unresolved (never "kept": the rest was not looked at).
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
@@ -109,7 +110,7 @@ def audit(plan: RepairPlan, mapping: Any = None) -> Audit:
         return result
     ctx = _Context(plan, sizes, int_sizes, mapping)
     walk = _Walk()
-    if isinstance(plan.ckpt.raw, Mapping):  # one file's own tree: every section, parsed or not
+    if _one_file(plan.ckpt):  # one file's own tree: every section, parsed or not
         items = walk.tree(plan.ckpt.raw, ())
     else:  # a folder: its model (tensors from every file, the parsed optimizer, the configs as extras)
         items = walk.model(plan.ckpt)
@@ -129,6 +130,12 @@ def audit(plan: RepairPlan, mapping: Any = None) -> Audit:
                                    f"levels, {MAX_NODES} values): what lies beyond was not checked", "CKF130",
                                    "none: ckptfix cannot vouch for this checkpoint"))
     return result
+
+
+def _one_file(ckpt: Any) -> bool:
+    """Whether `ckpt.raw` is the whole checkpoint (a torch.save file's tree), so walking it walks everything.
+    A folder's `raw` is one of its files at most (DeepSpeed's model states): its model is walked instead."""
+    return isinstance(ckpt.raw, Mapping) and not ckpt.files and os.path.isfile(ckpt.path)
 
 
 def old_sizes(plan: RepairPlan) -> tuple[set[int], set[int]]:
@@ -157,6 +164,9 @@ def display(path: tuple) -> str:
     """A path in the file as one string: keys joined by dots, list positions as [i]."""
     out = ""
     for key in path:
+        if key == "<model>":  # a folder's model: its tensors by name
+            continue
+        key = "optimizer" if key == "<optimizer>" else key
         if isinstance(key, _Pos) and out:
             out += f"[{key}]"
         else:
@@ -241,7 +251,7 @@ class _Context:
     def __init__(self, plan: RepairPlan, sizes: set[int], int_sizes: set[int], mapping: Any) -> None:
         ckpt = plan.ckpt
         self.plan, self.ckpt, self.sizes, self.int_sizes = plan, ckpt, sizes, int_sizes
-        in_file = isinstance(ckpt.raw, Mapping)
+        in_file = _one_file(ckpt)
         self.model_at = _section(ckpt.sections.get("model")) if in_file else _MODEL
         self.optimizer_at = _section(ckpt.sections.get("optimizer")) if in_file else _OPTIMIZER
         self.extras_at: tuple = ()
@@ -318,6 +328,8 @@ class _Context:
         if plan.drop_optimizer_state:
             return Value(where, what, CHANGED, f"dropped (--policy {plan.policy}: the optimizer restarts its state)")
         owner = self.names.get(index)
+        if isinstance(owner, str) and (owner in self.keep or owner in plan.kept):
+            return Value(where, what, KEPT, f"state of {owner}, kept as asked")
         if isinstance(owner, str) and owner not in plan.weights and hit is not None:
             reason = self._incidental(owner, tuple(self.ckpt.model[owner].shape) if owner in self.ckpt.model else (),
                                       hit)
@@ -338,18 +350,32 @@ class _Context:
         if where in self.keep:
             return Value(where, str(value), KEPT, "kept as asked (--keep)")
         key = next((k for k in reversed(path) if isinstance(k, str)), "")
+        shape = self._recorded_shape(path, key, value)
+        if shape:
+            return Value(where, str(value), CHANGED if key in self.plan.weights else KEPT, shape)
         if not _VOCAB_KEY.search(key) and _COUNTER_KEY.search(key):
             return Value(where, str(value), KEPT, f"{key!r} counts something else: equal to a vocab size by chance")
         said = "names a vocab size" if _VOCAB_KEY.search(key) else "equals the vocab size and its name does not say what it counts"
         return Value(where, str(value), UNRESOLVED, f"a recorded integer that {said}; the plan does not change it",
                      "CKF132", "--keep PATH if it is not this model's vocab size")
 
+    def _recorded_shape(self, path: tuple, key: str, value: int) -> str:
+        """A model tensor's shape recorded beside it (DeepSpeed's `param_shapes`): changed with its tensor
+        by the writer of that format, or kept with it; '' when `value` is not one."""
+        t = self.ckpt.model.get(key)
+        at = path[-1] if path and isinstance(path[-1], _Pos) and path[-2:-1] == (key,) else None
+        if t is None or at is None or at >= len(t.shape) or t.shape[at] != value:
+            return ""
+        if key in self.plan.weights:
+            return f"the recorded shape of {key}: written with its new shape {list(self.plan.weights[key].new_shape)}"
+        return f"the recorded shape of {key}, which the plan leaves as it is"
+
     # --- where a value is ----------------------------------------------------------------------------
 
     def _in_extras(self, path: tuple) -> bool:
         """Integers are looked for in the configs, hparams, args and counters (extras), not in tensors'
         sections: a model, an optimizer's param ids and step counts, a schedule."""
-        if self.ckpt.raw is None or not isinstance(self.ckpt.raw, Mapping):
+        if not _one_file(self.ckpt):
             return bool(path) and not str(path[0]).startswith("<")
         if not path or path[0] not in self.ckpt.extras:
             return False

@@ -549,9 +549,13 @@ def test_repair_of_a_deeply_nested_optimizer_value_is_one_line(base, hf_folder, 
     torch.save(osd, src / "optimizer.pt")
     r = mc.run_batch([{"id": 0, "argv": ["repair", str(src), "--tokenizer", str(base["tok"]), "-o",
                                          str(tmp_path / "fixed"), "--init", "zeros"]}], cwd=tmp_path, timeout=20)[0]
-    assert (r["code"], r["stderr"].strip()) == (2, f"{ERR}cannot write this checkpoint: a value in it is nested more "
-                                                   "than a few hundred levels deep (real checkpoints nest a few); "
-                                                   "nothing was written"), r
+    # the audit (issue 27) refuses it first, before the writer would: what lies past its depth bound is unchecked
+    err = r["stderr"].strip()
+    assert r["code"] == 2 and "\n" not in err and err.startswith(ERR), r
+    assert err.endswith("the tree is past the audit's bound (32 levels, 1000000 values): what lies beyond was not "
+                        "checked; resolve: none: ckptfix cannot vouch for this checkpoint") or err == (
+        f"{ERR}cannot write this checkpoint: a value in it is nested more than a few hundred levels deep (real "
+        "checkpoints nest a few); nothing was written"), r
     assert sorted(os.listdir(tmp_path)) == ["src"]
 
 

@@ -146,6 +146,8 @@ def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, t
     old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
     report = analyse(ckpt, tok, from_tokenizer=old_tok)
     plan = make_plan(report, tok, old_tok, keep=keep, **options)
+    if not plan.is_noop():  # a format repair cannot write says so first (DeepSpeed ZeRO: the conversion command)
+        _writer_for(ckpt.format, ckpt.path)
     result = audit(plan, report.mapping)
     if result.unresolved:
         raise RepairError(result.refusal(ckpt.path))
