@@ -1,0 +1,183 @@
+"""What an optimizer's state means: its kind, told by structure, and one rule per state.
+
+The kind is read from the state's keys and the param groups' options (never from a class name: a
+state_dict has none), and named as users name the optimizer. A structure that is not exactly one of
+`KINDS` is `unknown (states: ...)`, never the nearest known one.
+
+Each state of a vocab-sized parameter has a `Rule`: what its rows mean and what the rows a repair
+adds become. Everything repair and the guard do to optimizer state follows these rules:
+
+  first moment      a running mean of the gradient (Adam's exp_avg, SGD's momentum_buffer): new rows 0,
+                    as a fresh optimizer starts them.
+  second moment     a running mean of squared gradients (exp_avg_sq, Adagrad's sum, Adafactor's row
+                    factor): new rows get the old rows' column mean (`rows.fill_for` says why not 0).
+  parameter copy    an average or anchor of the weights (schedule-free `z`, Prodigy's `p0`, ASGD's
+                    `ax`): new rows are the new weights, as the optimizer sets them at its first step.
+  step size         Rprop's per-element `step_size`: new rows start at the group's `lr`, as Rprop
+                    starts every element (0 would clamp to step_sizes[0]: ~10^4x slower).
+  column factor     a factored second moment's per-column mean over all rows (Adafactor, CAME): kept;
+                    it averages over every row, so new rows filled at the mean move it by nothing,
+                    and it is re-estimated at every step.
+  refused           state whose rows cannot be moved by row: a matrix preconditioner over the vocab
+                    axis (SOAP, Shampoo), blockwise-quantized bytes (bitsandbytes 8-bit), flat
+                    histories over all parameters (LBFGS), a state whose meaning is not recorded.
+                    repair stops and names them with `--policy fresh` / `--policy reset`.
+
+Scalars (`step`, ASGD's `eta`/`mu`, NAdam's `mu_product`, Adafactor's `RMS`) are counters: kept.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+#: The nested dict bitsandbytes keeps its state in (bitsandbytes/optim/optimizer.py).
+BNB_STATE = "__bnb_optimizer_quant_state__"
+
+
+@dataclass(frozen=True)
+class Rule:
+    meaning: str
+    new_rows: str  # zeros | column-mean | weights | group-lr | keep | refuse
+    layout: str = "rows"  # rows: the parameter's row axis first (also a (rows,) / (rows, 1) factor); columns
+    why: str = ""  # for keep / refuse: the reason shown
+
+
+FIRST = Rule("first moment", "zeros")
+SECOND = Rule("second moment", "column-mean")
+COPY = Rule("parameter copy", "weights")
+STEP_SIZE = Rule("step size", "group-lr")
+ROW_FACTOR = Rule("factored second moment, row factor", "column-mean")
+COLUMN_FACTOR = Rule("factored second moment, column factor", "keep", "columns",
+                    "a mean over all rows, unchanged by new rows at the row factor's mean; re-estimated every step")
+PRECONDITIONER = Rule("matrix preconditioner over the vocab axis", "refuse",
+                      why="a (rows x rows) preconditioner and its eigenbasis (the moments live in that basis) "
+                          "cannot be moved row by row")
+QUANTIZED = Rule("blockwise-quantized moment", "refuse",
+                 why="8-bit blockwise-quantized state (bitsandbytes): ckptfix does not requantize it")
+FLAT = Rule("flat history over all parameters", "refuse",
+            why="one vector over every parameter concatenated, not rows of one parameter")
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str
+    states: Mapping[str, Rule]  # every per-parameter state key this optimizer keeps
+    required: frozenset[str]  # keys that identify it (all present in some entry)
+    options: frozenset[str] = frozenset()  # group options that identify it (all present)
+    absent: frozenset[str] = frozenset()  # group options it never has
+
+
+def _kind(name: str, states: Mapping[str, Rule], required: Iterable[str], options: Iterable[str] = (),
+          absent: Iterable[str] = ()) -> Kind:
+    return Kind(name, dict(states), frozenset(required), frozenset(options), frozenset(absent))
+
+
+_ADAM = {"exp_avg": FIRST, "exp_avg_sq": SECOND, "max_exp_avg_sq": SECOND}
+_SF = ("weight_sum", "train_mode")  # schedule-free's group options (schedulefree package)
+_BNB_ADAM = {f"{BNB_STATE}/state1": FIRST, f"{BNB_STATE}/state2": SECOND}
+_BNB_8BIT = {f"{BNB_STATE}/{k}": QUANTIZED for k in ("state1", "state2", "absmax1", "absmax2")}
+_LBFGS_STATE = ("d", "old_dirs", "old_stps", "prev_flat_grad", "ro", "H_diag", "al")
+
+# Most specific first: the first kind whose required keys and options are present and whose states
+# hold every key seen is the answer. Group options tell apart optimizers with the same state keys.
+KINDS: tuple[Kind, ...] = (
+    _kind("bitsandbytes 8-bit (AdamW8bit, PagedAdamW8bit, AdEMAMix8bit, Lion8bit...)",
+          {**_BNB_8BIT, f"{BNB_STATE}/qmap1": QUANTIZED, f"{BNB_STATE}/qmap2": QUANTIZED, **_BNB_ADAM},
+          [f"{BNB_STATE}/absmax1"]),
+    _kind("bitsandbytes 32-bit AdamW/Adam", _BNB_ADAM, _BNB_ADAM, ["t_alpha", "t_beta3"]),
+    _kind("bitsandbytes 32-bit, one state (Lion, SGD, RMSprop or Adagrad)",
+          {f"{BNB_STATE}/state1": Rule("first or second moment (bitsandbytes does not record which)", "refuse",
+                                       why="Lion and SGD keep a first moment in state1, RMSprop and Adagrad a "
+                                           "second moment; the file does not say which optimizer saved it")},
+          [f"{BNB_STATE}/state1"]),
+    _kind("LBFGS", {k: FLAT for k in _LBFGS_STATE}, ["old_dirs"]),
+    _kind("SOAP", {**_ADAM, "GG": PRECONDITIONER, "Q": PRECONDITIONER}, ["GG", "Q"]),
+    _kind("Shampoo", {"momentum_buffer": FIRST, "pre_cond_0": PRECONDITIONER, "inv_pre_cond_0": PRECONDITIONER,
+                      "pre_cond_1": PRECONDITIONER, "inv_pre_cond_1": PRECONDITIONER}, ["pre_cond_0"]),
+    _kind("CAME", {"exp_avg": FIRST, "exp_avg_sq": SECOND, "exp_avg_sq_row": ROW_FACTOR,
+                   "exp_avg_sq_col": COLUMN_FACTOR, "exp_avg_res_row": ROW_FACTOR, "exp_avg_res_col": COLUMN_FACTOR},
+          ["exp_avg_res_row"]),
+    _kind("Adafactor (transformers)", {"exp_avg": FIRST, "exp_avg_sq": SECOND, "exp_avg_sq_row": ROW_FACTOR,
+                                       "exp_avg_sq_col": COLUMN_FACTOR}, [], ["scale_parameter", "relative_step"]),
+    _kind("Adafactor (torch.optim)", {"row_var": ROW_FACTOR, "col_var": COLUMN_FACTOR, "variance": SECOND},
+          [], ["beta2_decay"]),
+    _kind("Prodigy", {**_ADAM, "p0": COPY, "s": FIRST}, ["p0"], ["d0"]),
+    _kind("AdEMAMix", {**_ADAM, "exp_avg_slow": FIRST}, ["exp_avg_slow"]),
+    _kind("AdamWScheduleFree", {"z": COPY, "exp_avg_sq": SECOND}, ["z", "exp_avg_sq"], _SF, ["silent_sgd_phase"]),
+    _kind("RAdamScheduleFree", {"z": COPY, "exp_avg_sq": SECOND}, ["z", "exp_avg_sq"], [*_SF, "silent_sgd_phase"]),
+    _kind("SGDScheduleFree", {"z": COPY}, ["z"], [*_SF, "momentum"]),
+    _kind("ASGD", {"ax": COPY}, ["ax"], ["t0", "lambd"]),
+    _kind("Rprop", {"prev": FIRST, "step_size": STEP_SIZE}, ["step_size"], ["etas", "step_sizes"]),
+    _kind("Adadelta", {"square_avg": SECOND, "acc_delta": SECOND}, ["acc_delta"], ["rho"]),
+    _kind("RMSprop", {"square_avg": SECOND, "momentum_buffer": FIRST, "grad_avg": FIRST}, [],
+          ["alpha", "centered"]),
+    _kind("Adagrad", {"sum": SECOND}, [], ["lr_decay", "initial_accumulator_value"]),
+    _kind("Adamax", {"exp_avg": FIRST, "exp_inf": SECOND}, ["exp_inf"]),
+    _kind("NAdam", _ADAM, [], ["momentum_decay"]),
+    _kind("Muon", {"momentum_buffer": FIRST}, [], ["ns_steps", "ns_coefficients"]),
+    _kind("SGD", {"momentum_buffer": FIRST}, [], ["dampening", "nesterov"]),
+    _kind("AdamW", _ADAM, [], ["amsgrad"]),  # AdamW vs Adam: `_name` below reads the options
+    _kind("RAdam", _ADAM, [], ["decoupled_weight_decay", "betas"], ["amsgrad", "momentum_decay"]),
+    _kind("SparseAdam", _ADAM, [], ["betas"], ["weight_decay"]),
+    _kind("Lion", {"exp_avg": FIRST}, ["exp_avg"], ["betas"], ["eps"]),
+)
+
+_SCALARS = {"step", "eta", "mu", "mu_product", "RMS"}  # counters and per-parameter scalars: kept
+
+
+def state_keys(state: Mapping[Any, Any]) -> set[str]:
+    """Every per-parameter state key with a tensor (or list of tensors) in any entry."""
+    keys: set[str] = set()
+    for ps in state.values():
+        keys.update(k.split("[")[0] for k in ps.tensors)
+    return keys
+
+
+def infer_kind(state: Mapping[Any, Any], groups: list[Any]) -> Kind | None:
+    """The one kind whose structure this is; None when none fits exactly."""
+    keys = state_keys(state) - _SCALARS
+    options: set[str] = set()
+    for g in groups:
+        options.update(k for k in g.options if isinstance(k, str))
+    for kind in KINDS:
+        if kind.required <= keys and keys <= kind.states.keys() and kind.options <= options \
+                and not kind.absent & options:
+            return kind
+    return None
+
+
+def kind_name(state: Mapping[Any, Any], groups: list[Any]) -> str:
+    """The optimizer as users name it, or `unknown (states: ...)`."""
+    kind = infer_kind(state, groups)
+    if kind is None:
+        keys = sorted(state_keys(state))
+        return f"unknown (states: {', '.join(keys)})" if keys else "unknown (no state)"
+    return _name(kind, groups)
+
+
+def _name(kind: Kind, groups: list[Any]) -> str:
+    options = groups[0].options if groups else {}
+    if kind.name == "AdamW":  # torch >= 2.7 records it; older files: L2 decay on Adam is rare
+        decoupled = options.get("decoupled_weight_decay")
+        if decoupled is None:
+            decoupled = bool(options.get("weight_decay"))
+        return "AdamW" if decoupled else "Adam"
+    if kind.name == "SGD" and not options.get("momentum"):
+        return "SGD"
+    if kind.name == "SGD":
+        return "SGD (momentum)"
+    return kind.name
+
+
+def rule_for(kind_or_name: Kind | str | None, key: str) -> Rule | None:
+    """The rule of state `key` (a list element's `GG[0]` is `GG`'s) under this kind; None if unknown."""
+    kind = kind_or_name if isinstance(kind_or_name, Kind) or kind_or_name is None else by_name(kind_or_name)
+    if kind is None:
+        return None
+    return kind.states.get(key.split("[")[0])
+
+
+def by_name(name: str) -> Kind | None:
+    base = {"Adam": "AdamW", "SGD (momentum)": "SGD"}.get(name, name)
+    return next((k for k in KINDS if k.name == base), None)
