@@ -39,7 +39,6 @@ BNB_STATE = "__bnb_optimizer_quant_state__"
 class Rule:
     meaning: str
     new_rows: str  # zeros | column-mean | weights | group-lr | keep | refuse
-    layout: str = "rows"  # rows: the parameter's row axis first (also a (rows,) / (rows, 1) factor); columns
     why: str = ""  # for keep / refuse: the reason shown
 
 
@@ -48,7 +47,8 @@ SECOND = Rule("second moment", "column-mean")
 COPY = Rule("parameter copy", "weights")
 STEP_SIZE = Rule("step size", "group-lr")
 ROW_FACTOR = Rule("factored second moment, row factor", "column-mean")
-COLUMN_FACTOR = Rule("factored second moment, column factor", "keep", "columns",
+CODE_BOOK = Rule("quantization code book", "keep", why="the same 256 values for every row")
+COLUMN_FACTOR = Rule("factored second moment, column factor", "keep",
                     "a mean over all rows, unchanged by new rows at the row factor's mean; re-estimated every step")
 PRECONDITIONER = Rule("matrix preconditioner over the vocab axis", "refuse",
                       why="a (rows x rows) preconditioner and its eigenbasis (the moments live in that basis) "
@@ -83,7 +83,7 @@ _LBFGS_STATE = ("d", "old_dirs", "old_stps", "prev_flat_grad", "ro", "H_diag", "
 # hold every key seen is the answer. Group options tell apart optimizers with the same state keys.
 KINDS: tuple[Kind, ...] = (
     _kind("bitsandbytes 8-bit (AdamW8bit, PagedAdamW8bit, AdEMAMix8bit, Lion8bit...)",
-          {**_BNB_8BIT, f"{BNB_STATE}/qmap1": QUANTIZED, f"{BNB_STATE}/qmap2": QUANTIZED, **_BNB_ADAM},
+          {**_BNB_8BIT, f"{BNB_STATE}/qmap1": CODE_BOOK, f"{BNB_STATE}/qmap2": CODE_BOOK},
           [f"{BNB_STATE}/absmax1"]),
     _kind("bitsandbytes 32-bit AdamW/Adam", _BNB_ADAM, _BNB_ADAM, ["t_alpha", "t_beta3"]),
     _kind("bitsandbytes 32-bit, one state (Lion, SGD, RMSprop or Adagrad)",

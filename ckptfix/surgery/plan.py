@@ -331,7 +331,7 @@ def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[str]:
         if rule is None or rule.new_rows == "refuse":
             refused.append(f"{key} of {v.name} ({rule.why if rule else 'not a state of ' + kind})")
             continue
-        if rule.layout == "columns":
+        if rule.new_rows == "keep":
             plan.notes.append(f"{key} of {v.name} kept ({rule.meaning}: {rule.why})")
             continue
         head_bias = v.role == "head-bias" and len(t.shape) == 2
