@@ -18,9 +18,11 @@ adds become. Everything repair and the guard do to optimizer state follows these
   column factor     a factored second moment's per-column mean over all rows (Adafactor, CAME): kept;
                     it averages over every row, so new rows filled at the mean move it by nothing,
                     and it is re-estimated at every step.
+  8-bit blockwise    bitsandbytes' codes: dequantized, moved, requantized in its own layout (new rows by the
+                    moment's rule; `surgery/blockwise.py`); block scales follow their codes; code books kept.
   refused           state whose rows cannot be moved by row: a matrix preconditioner over the vocab
-                    axis (SOAP, Shampoo), blockwise-quantized bytes (bitsandbytes 8-bit), flat
-                    histories over all parameters (LBFGS), a state whose meaning is not recorded.
+                    axis (SOAP, Shampoo), flat histories over all parameters (LBFGS), a state whose
+                    meaning is not recorded (bitsandbytes' one-state optimizers), an unexpected shape.
                     repair stops and names them with `--policy fresh` / `--policy reset`.
 
 Scalars (`step`, ASGD's `eta`/`mu`, NAdam's `mu_product`, Adafactor's `RMS`) are counters: kept.
@@ -38,8 +40,9 @@ BNB_STATE = "__bnb_optimizer_quant_state__"
 @dataclass(frozen=True)
 class Rule:
     meaning: str
-    new_rows: str  # zeros | column-mean | weights | group-lr | keep | refuse
+    new_rows: str  # zeros | column-mean | weights | group-lr | keep | with-codes | refuse
     why: str = ""  # for keep / refuse: the reason shown
+    blockwise: tuple[str, str] | None = None  # 8-bit codes: the keys of their block scales and code book
 
 
 FIRST = Rule("first moment", "zeros")
@@ -53,8 +56,7 @@ COLUMN_FACTOR = Rule("factored second moment, column factor", "keep",
 PRECONDITIONER = Rule("matrix preconditioner over the vocab axis", "refuse",
                       why="a (rows x rows) preconditioner and its eigenbasis (the moments live in that basis) "
                           "cannot be moved row by row")
-QUANTIZED = Rule("blockwise-quantized moment", "refuse",
-                 why="8-bit blockwise-quantized state (bitsandbytes): ckptfix does not requantize it")
+BLOCK_SCALES = Rule("block scales of an 8-bit state", "with-codes")  # resized with their codes
 FLAT = Rule("flat history over all parameters", "refuse",
             why="one vector over every parameter concatenated, not rows of one parameter")
 
@@ -76,21 +78,32 @@ def _kind(name: str, states: Mapping[str, Rule], required: Iterable[str], option
 _ADAM = {"exp_avg": FIRST, "exp_avg_sq": SECOND, "max_exp_avg_sq": SECOND}
 _SF = ("weight_sum", "train_mode")  # schedule-free's group options (schedulefree package)
 _BNB_ADAM = {f"{BNB_STATE}/state1": FIRST, f"{BNB_STATE}/state2": SECOND}
-_BNB_8BIT = {f"{BNB_STATE}/{k}": QUANTIZED for k in ("state1", "state2", "absmax1", "absmax2")}
+
+def _bnb(key: str) -> str:
+    return f"{BNB_STATE}/{key}"
+
+
+# bitsandbytes' 8-bit state: codes dequantized, moved by row, requantized in its layout (surgery/blockwise.py);
+# parameters under 4096 elements keep the same keys in 32 bits (then plain rows).
+_BNB_8BIT = {_bnb("state1"): Rule("first moment, 8-bit blockwise", "zeros", blockwise=(_bnb("absmax1"), _bnb("qmap1"))),
+             _bnb("state2"): Rule("second moment, 8-bit blockwise", "column-mean",
+                                  blockwise=(_bnb("absmax2"), _bnb("qmap2"))),
+             _bnb("absmax1"): BLOCK_SCALES, _bnb("absmax2"): BLOCK_SCALES,
+             _bnb("qmap1"): CODE_BOOK, _bnb("qmap2"): CODE_BOOK}
+_ONE_STATE = Rule("first or second moment (bitsandbytes does not record which)", "refuse",
+                  why="Lion and SGD keep a first moment in state1, RMSprop and Adagrad a second moment; the file "
+                      "does not say which optimizer saved it")
 _LBFGS_STATE = ("d", "old_dirs", "old_stps", "prev_flat_grad", "ro", "H_diag", "al")
 
 # Most specific first: the first kind whose required keys and options are present and whose states
 # hold every key seen is the answer. Group options tell apart optimizers with the same state keys.
 KINDS: tuple[Kind, ...] = (
-    _kind("bitsandbytes 8-bit (AdamW8bit, PagedAdamW8bit, AdEMAMix8bit, Lion8bit...)",
-          {**_BNB_8BIT, f"{BNB_STATE}/qmap1": CODE_BOOK, f"{BNB_STATE}/qmap2": CODE_BOOK},
-          [f"{BNB_STATE}/absmax1"]),
-    _kind("bitsandbytes 32-bit AdamW/Adam", _BNB_ADAM, _BNB_ADAM, ["t_alpha", "t_beta3"]),
-    _kind("bitsandbytes 32-bit, one state (Lion, SGD, RMSprop or Adagrad)",
-          {f"{BNB_STATE}/state1": Rule("first or second moment (bitsandbytes does not record which)", "refuse",
-                                       why="Lion and SGD keep a first moment in state1, RMSprop and Adagrad a "
-                                           "second moment; the file does not say which optimizer saved it")},
-          [f"{BNB_STATE}/state1"]),
+    _kind("bitsandbytes AdamW8bit", _BNB_8BIT, [_bnb("absmax1"), _bnb("absmax2")], ["t_alpha", "t_beta3"]),
+    _kind("bitsandbytes 8-bit, one state (Lion8bit, SGD8bit, RMSprop8bit or Adagrad8bit)",
+          {_bnb("state1"): _ONE_STATE, _bnb("absmax1"): BLOCK_SCALES, _bnb("qmap1"): CODE_BOOK}, [_bnb("absmax1")]),
+    _kind("bitsandbytes AdamW", _BNB_ADAM, _BNB_ADAM, ["t_alpha", "t_beta3"]),
+    _kind("bitsandbytes 32-bit, one state (Lion, SGD, RMSprop or Adagrad)", {_bnb("state1"): _ONE_STATE},
+          [_bnb("state1")]),
     _kind("LBFGS", {k: FLAT for k in _LBFGS_STATE}, ["old_dirs"]),
     _kind("SOAP", {**_ADAM, "GG": PRECONDITIONER, "Q": PRECONDITIONER}, ["GG", "Q"]),
     _kind("Shampoo", {"momentum_buffer": FIRST, "pre_cond_0": PRECONDITIONER, "inv_pre_cond_0": PRECONDITIONER,
@@ -158,6 +171,8 @@ def kind_name(state: Mapping[Any, Any], groups: list[Any]) -> str:
 
 def _name(kind: Kind, groups: list[Any]) -> str:
     options = groups[0].options if groups else {}
+    if kind.name.startswith("bitsandbytes AdamW") and len(options.get("betas") or ()) == 3:
+        return kind.name.replace("AdamW", "AdEMAMix")  # AdEMAMix: a third beta for its slow EMA
     if kind.name == "AdamW":  # torch >= 2.7 records it; older files: L2 decay on Adam is rare
         decoupled = options.get("decoupled_weight_decay")
         if decoupled is None:
@@ -180,4 +195,6 @@ def rule_for(kind_or_name: Kind | str | None, key: str) -> Rule | None:
 
 def by_name(name: str) -> Kind | None:
     base = {"Adam": "AdamW", "SGD (momentum)": "SGD"}.get(name, name)
+    if base.startswith("bitsandbytes AdEMAMix"):
+        base = base.replace("AdEMAMix", "AdamW")
     return next((k for k in KINDS if k.name == base), None)

@@ -25,6 +25,7 @@ from ckptfix.fit import target_rows
 from ckptfix.optim_state import FLAT, by_name, rule_for, state_keys
 from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import recorded_padding, recorded_rows
+from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
 from ckptfix.surgery.pieces import piece_rows
 from ckptfix.surgery.rows import (
     RowPlan,
@@ -149,6 +150,29 @@ class TensorEdit:
     def to_json(self) -> dict[str, Any]:
         return {"tensor": self.name, "role": self.role, "old_shape": list(self.source.shape),
                 "new_shape": list(self.new_shape), **self.plan.to_json()}
+
+
+@dataclass
+class BlockwiseEdit(TensorEdit):
+    """A bitsandbytes 8-bit state's codes, or their block scales (`scales`): both outputs of one
+    `surgery.blockwise.BlockwiseRows`, computed once."""
+
+    blockwise: Any = None
+    scales: bool = False
+
+    @property
+    def new_shape(self) -> tuple[int, ...]:
+        codes = self.blockwise.codes
+        if self.scales:
+            return (blocks_for(self.plan.new_rows * math.prod(codes.shape[1:])),)
+        return (self.plan.new_rows, *codes.shape[1:])
+
+    def produce(self, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
+        codes, scales = self.blockwise.result()
+        return scales if self.scales else codes
+
+    def stream(self, init: str, std: float, rng: np.random.Generator) -> Any:
+        return None
 
 
 @dataclass
@@ -328,6 +352,11 @@ def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[str]:
         if t.numel <= 1 and v.rows > 1:
             continue  # a counter or a per-parameter scalar: kept
         rule = rule_for(kind, key)
+        if rule is not None and rule.blockwise is not None and t.dtype == "uint8":
+            refused += _plan_blockwise(plan, v, key, entry.tensors, rule, rows_plan)
+            continue
+        if rule is not None and rule.new_rows == "with-codes":
+            continue  # block scales: resized with their codes
         if rule is None or rule.new_rows == "refuse":
             refused.append(f"{key} of {v.name} ({rule.why if rule else 'not a state of ' + kind})")
             continue
@@ -353,6 +382,31 @@ def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[str]:
                 continue
         plan.moments[(v.optimizer_index, key)] = edit
     return refused
+
+
+def _plan_blockwise(plan: RepairPlan, v: Any, key: str, tensors: dict, rule: Any, rows_plan: RowPlan) -> list[str]:
+    """A bitsandbytes 8-bit state: its codes and block scales resized together (`surgery.blockwise`)."""
+    scales_key, book_key = rule.blockwise
+    codes, scales, book = tensors[key], tensors.get(scales_key), tensors.get(book_key)
+    if scales is None or book is None:
+        return [f"{key} of {v.name} (8-bit codes without their {scales_key.split('/')[-1]} and "
+                f"{book_key.split('/')[-1]})"]
+    state = BlockwiseRows(codes, scales, book, rows_plan, rule.new_rows)
+    why = state.check() or (None if codes.shape == v.shape else f"shape {list(codes.shape)} for a "
+                            f"{list(v.shape)} parameter")
+    if why:
+        return [f"{key} of {v.name} ({why})"]
+    index = v.optimizer_index
+    plan.moments[(index, key)] = BlockwiseEdit(f"{v.name}:{key}", v.role, codes, rows_plan, key, owner=v.name,
+                                               blockwise=state)
+    plan.moments[(index, scales_key)] = BlockwiseEdit(f"{v.name}:{scales_key}", v.role, scales, rows_plan,
+                                                      scales_key, owner=v.name, blockwise=state, scales=True)
+    moved = "" if rows_plan.prefix_rows() is not None else \
+        "; blocks holding moved rows are requantized (their values within 8-bit precision of the source's)"
+    plan.notes.append(f"{key} of {v.name}: 8-bit codes dequantized, moved by row and requantized in "
+                      f"bitsandbytes' blocks of {BLOCKSIZE} (blocks whose values stay in place keep their scale "
+                      f"and codes{moved})")
+    return []
 
 
 def _group_lr(opt: Any, index: Any) -> float | None:
