@@ -198,3 +198,69 @@ def by_name(name: str) -> Kind | None:
     if base.startswith("bitsandbytes AdEMAMix"):
         base = base.replace("AdEMAMix", "AdamW")
     return next((k for k in KINDS if k.name == base), None)
+
+
+@dataclass(frozen=True)
+class Action:
+    """What resizing a parameter's rows does to one of its states."""
+
+    what: str  # counter | keep | with-codes | blockwise | rows | refuse
+    rule: Rule | None
+    why: str = ""  # for refuse / keep
+
+
+def action_for(kind: str, key: str, shape: tuple[int, ...], dtype: str, param_shape: tuple[int, ...],
+               head_bias: bool = False) -> Action:
+    """The one decision, for inspect, repair and the guard: state `key` (of that shape and dtype) of a
+    parameter shaped `param_shape` whose rows change. `head_bias`: a (1, rows) bias (rows on the last axis)."""
+    numel = 1
+    for d in shape:
+        numel *= d
+    if numel <= 1 and (not param_shape or param_shape[0] > 1):
+        return Action("counter", None)
+    rule = rule_for(kind, key)
+    if rule is None:
+        return Action("refuse", None, f"not a state of {kind}")
+    if rule.blockwise is not None and dtype == "uint8":  # codes shaped like the parameter (AdEMAMix stacks two)
+        if tuple(shape) != tuple(param_shape):
+            return Action("refuse", rule, f"8-bit codes of shape {list(shape)} for a {list(param_shape)} parameter")
+        return Action("blockwise", rule)
+    if rule.new_rows in ("with-codes", "keep"):
+        return Action(rule.new_rows, rule, rule.why)
+    if rule.new_rows == "refuse":
+        return Action("refuse", rule, rule.why)
+    rows = shape[-1] if head_bias and len(shape) == 2 else (shape[0] if shape else 0)
+    like_param = len(shape) == len(param_shape) and (head_bias or shape[1:] == param_shape[1:])
+    row_factor = len(param_shape) == 2 and shape in ((rows,), (rows, 1)) and rows == param_shape[0]
+    if not (like_param or row_factor):
+        return Action("refuse", rule, f"shape {list(shape)} for a {list(param_shape)} parameter")
+    return Action("rows", rule)
+
+
+def unremappable(kinds: Iterable[str], keys: Iterable[str]) -> list[str]:
+    """What makes a whole optimizer impossible to remap, whichever parameter: an unknown kind, flat state."""
+    keys = sorted(set(keys))
+    out = []
+    for kind in kinds:
+        if by_name(kind) is None and keys:
+            out.append(f"every state ({', '.join(keys)}: not an optimizer ckptfix knows)")
+        flat = [k for k in keys if rule_for(kind, k) is FLAT]
+        if flat:
+            out.append(f"{', '.join(flat)} ({FLAT.why})")
+    return out
+
+
+def refusals(opt: Any, vocab: Iterable[Any]) -> list[str]:
+    """What repair's default policy would refuse to remap in optimizer state `opt` when the vocab tensors
+    `vocab` (`ckptfix.vocab.VocabTensor`) are resized, as "key of tensor (why)"; [] when all is understood."""
+    if opt is None or not opt.state:
+        return []
+    out = []
+    for v in vocab:
+        entry = opt.state.get(v.optimizer_index) if v.optimizer_index is not None and v.tied_to is None else None
+        for key, t in (entry.tensors.items() if entry is not None else ()):
+            action = action_for(opt.kind_of(v.optimizer_index), key, t.shape, t.dtype, v.shape,
+                                v.role == "head-bias" and len(t.shape) == 2)
+            if action.what == "refuse":
+                out.append(f"{key} of {v.name} ({action.why})")
+    return out + unremappable({opt.kind_of(i) for i in opt.state}, state_keys(opt.state))

@@ -147,8 +147,10 @@ def run_case(tmp: Path, tokenizers: dict, build: Build, layout: str = "single") 
     _save(model, opts, src_path, layout)
     src_model, src_opts = _load(src_path, layout)
     names = [_names(model, o) for o in opts]
-    kind = ckptfix.inspect(src_path).to_json()["optimizer"]["type"]
-    result: dict[str, Any] = {"kind": kind, "refused": None}
+    report = ckptfix.inspect(src_path, tokenizers["grown"]).to_json()
+    kind = report["optimizer"]["type"]
+    result: dict[str, Any] = {"kind": kind, "refused": None,
+                              "CKF210": [f["message"] for f in report["findings"] if f["code"] == "CKF210"]}
     for target in ("grown", "small"):
         out = tmp / f"{target}.pt"
         try:
@@ -259,9 +261,12 @@ def _resume(build: Build, model_sd: dict, opt_sds: list[dict], sources: list[int
 
 
 def _outcome(result: dict, refused_state: str | None) -> None:
+    """Repaired, or refused naming the state and both flags; inspect's CKF210 says so beforehand."""
     if refused_state is None:
         assert result["refused"] is None, result["refused"]
+        assert not result["CKF210"], result["CKF210"]
         return
+    assert result["CKF210"] and refused_state in result["CKF210"][0], result["CKF210"]
     message = result["refused"]
     assert message is not None, f"{result['kind']} was repaired; expected a refusal naming {refused_state}"
     assert refused_state in message and "--policy fresh" in message and "--policy reset" in message, message
@@ -423,4 +428,4 @@ def test_unknown_optimizer_is_named_by_its_states_and_refused(tmp_path, tokenize
 
     result = run_case(tmp_path, tokenizers, lambda m: [Odd(m.parameters())])
     assert result["kind"] == "unknown (states: exp_avg, trace)"
-    assert "trace" in result["refused"] and "--policy fresh" in result["refused"]
+    _outcome(result, "trace")

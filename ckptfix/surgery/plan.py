@@ -22,7 +22,7 @@ from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
-from ckptfix.optim_state import FLAT, by_name, rule_for, state_keys
+from ckptfix.optim_state import action_for, state_keys, unremappable
 from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import recorded_padding, recorded_rows
 from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
@@ -341,47 +341,42 @@ def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
 
 
 def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[str]:
-    """Every state of vocab tensor `v`'s optimizer entry, by its rule: rows remapped (new rows as the rule
-    says), a column factor or a counter kept, or refused. Returns what cannot be remapped, as "key (why)"."""
+    """Every state of vocab tensor `v`'s optimizer entry, by its rule (`optim_state.action_for`): rows
+    remapped (new rows as the rule says), a column factor or a counter kept, or refused. Returns what
+    cannot be remapped, as "key of tensor (why)"."""
     opt = plan.ckpt.optimizer
     entry = opt.state.get(v.optimizer_index) if opt is not None and v.optimizer_index is not None else None
     if opt is None or entry is None:
         return []
     kind, refused = opt.kind_of(v.optimizer_index), []
     for key, t in entry.tensors.items():
-        if t.numel <= 1 and v.rows > 1:
-            continue  # a counter or a per-parameter scalar: kept
-        rule = rule_for(kind, key)
-        if rule is not None and rule.blockwise is not None and t.dtype == "uint8":
-            refused += _plan_blockwise(plan, v, key, entry.tensors, rule, rows_plan)
-            continue
-        if rule is not None and rule.new_rows == "with-codes":
-            continue  # block scales: resized with their codes
-        if rule is None or rule.new_rows == "refuse":
-            refused.append(f"{key} of {v.name} ({rule.why if rule else 'not a state of ' + kind})")
-            continue
-        if rule.new_rows == "keep":
-            plan.notes.append(f"{key} of {v.name} kept ({rule.meaning}: {rule.why})")
-            continue
         head_bias = v.role == "head-bias" and len(t.shape) == 2
-        rows = t.shape[-1] if head_bias else t.shape[0]
-        like_param = len(t.shape) == len(v.shape) and (head_bias or t.shape[1:] == v.shape[1:])
-        row_factor = len(v.shape) == 2 and (t.shape == (rows,) or t.shape == (rows, 1)) and rows == v.rows
-        if not (like_param or row_factor):
-            refused.append(f"{key} of {v.name} (shape {list(t.shape)} for a {list(v.shape)} parameter)")
-            continue
-        mplan = rows_plan if rows == v.rows else plan_by_id(rows, rows_plan.new_rows)
-        if mplan is not rows_plan:
-            plan.notes.append(f"{key} of {v.name} had {rows} rows, not {v.rows}: resized by id")
-        edit = TensorEdit(f"{v.name}:{key}", v.role, t, mplan, key, owner=v.name, fill=rule.new_rows,
-                          copy_of=plan.weights[v.name])
-        if rule.new_rows == "group-lr":
-            edit.value = _group_lr(opt, v.optimizer_index)
-            if edit.value is None:
-                refused.append(f"{key} of {v.name} (its group records no lr to start new rows at)")
-                continue
-        plan.moments[(v.optimizer_index, key)] = edit
+        action = action_for(kind, key, t.shape, t.dtype, v.shape, head_bias)
+        if action.what == "refuse":
+            refused.append(f"{key} of {v.name} ({action.why})")
+        elif action.what == "keep":
+            plan.notes.append(f"{key} of {v.name} kept ({action.rule.meaning if action.rule else ''}: {action.why})")
+        elif action.what == "blockwise":
+            refused += _plan_blockwise(plan, v, key, entry.tensors, action.rule, rows_plan)
+        elif action.what == "rows":
+            refused += _plan_rows(plan, v, key, t, action.rule, rows_plan, head_bias)
     return refused
+
+
+def _plan_rows(plan: RepairPlan, v: Any, key: str, t: TensorInfo, rule: Any, rows_plan: RowPlan,
+               head_bias: bool) -> list[str]:
+    rows = t.shape[-1] if head_bias else t.shape[0]
+    mplan = rows_plan if rows == v.rows else plan_by_id(rows, rows_plan.new_rows)
+    if mplan is not rows_plan:
+        plan.notes.append(f"{key} of {v.name} had {rows} rows, not {v.rows}: resized by id")
+    edit = TensorEdit(f"{v.name}:{key}", v.role, t, mplan, key, owner=v.name, fill=rule.new_rows,
+                      copy_of=plan.weights[v.name])
+    if rule.new_rows == "group-lr":
+        edit.value = _group_lr(plan.ckpt.optimizer, v.optimizer_index)
+        if edit.value is None:
+            return [f"{key} of {v.name} (its group records no lr to start new rows at)"]
+    plan.moments[(v.optimizer_index, key)] = edit
+    return []
 
 
 def _plan_blockwise(plan: RepairPlan, v: Any, key: str, tensors: dict, rule: Any, rows_plan: RowPlan) -> list[str]:
@@ -392,8 +387,7 @@ def _plan_blockwise(plan: RepairPlan, v: Any, key: str, tensors: dict, rule: Any
         return [f"{key} of {v.name} (8-bit codes without their {scales_key.split('/')[-1]} and "
                 f"{book_key.split('/')[-1]})"]
     state = BlockwiseRows(codes, scales, book, rows_plan, rule.new_rows)
-    why = state.check() or (None if codes.shape == v.shape else f"shape {list(codes.shape)} for a "
-                            f"{list(v.shape)} parameter")
+    why = state.check()
     if why:
         return [f"{key} of {v.name} ({why})"]
     index = v.optimizer_index
@@ -418,14 +412,9 @@ def _refuse(plan: RepairPlan, refused: list[str], asked: bool) -> None:
     """Stop, naming the optimizer and every state that cannot follow its rows, with the policies that
     repair anyway; also for an optimizer whose kind or flat state ckptfix does not understand."""
     opt = plan.ckpt.optimizer
-    if opt is None:
+    if opt is None or not opt.state:
         return
-    for kind in {opt.kind_of(i) for i in opt.state}:
-        if by_name(kind) is None and opt.state:
-            refused.append(f"every state ({', '.join(sorted(state_keys(opt.state)))}: not an optimizer ckptfix knows)")
-        flat = [k for k in sorted(state_keys(opt.state)) if rule_for(kind, k) is FLAT]
-        if flat:
-            refused.append(f"{', '.join(flat)} ({FLAT.why})")
+    refused = refused + unremappable({opt.kind_of(i) for i in opt.state}, state_keys(opt.state))
     if refused:
         how = "--policy remap" if asked else "the default policy (remap)"
         raise RepairError(f"{plan.ckpt.path}: {opt.kind}: {how} cannot remap " + "; ".join(dict.fromkeys(refused))
