@@ -266,6 +266,7 @@ class ParamState:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     step: float | None = None
     other: dict[str, Any] = field(default_factory=dict)
+    step_kind: str = "tensor"  # how `step` was saved: tensor (torch.optim), int (transformers' Adafactor, bitsandbytes), float
 
 
 @dataclass

@@ -139,6 +139,16 @@ KINDS: tuple[Kind, ...] = (
 _SCALARS = {"step", "eta", "mu", "mu_product", "RMS"}  # counters and per-parameter scalars: kept
 
 
+def state_path(key: str) -> list[Any]:
+    """A flattened state key (`formats.common._nested_tensors`) as dict keys and list indices:
+    "GG[1]" -> ["GG", 1]; "__bnb_optimizer_quant_state__/state1" -> [that, "state1"]."""
+    out: list[Any] = []
+    for part in key.split("/"):
+        name, *indices = part.split("[")
+        out += [name, *(int(i.rstrip("]")) for i in indices)]
+    return out
+
+
 def state_keys(state: Mapping[Any, Any]) -> set[str]:
     """Every per-parameter state key with a tensor (or list of tensors) in any entry."""
     keys: set[str] = set()

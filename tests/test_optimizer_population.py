@@ -429,3 +429,38 @@ def test_unknown_optimizer_is_named_by_its_states_and_refused(tmp_path, tokenize
     result = run_case(tmp_path, tokenizers, lambda m: [Odd(m.parameters())])
     assert result["kind"] == "unknown (states: exp_avg, trace)"
     _outcome(result, "trace")
+
+
+# ------------------------------------------------------------------------------------------ the guard
+
+
+_GUARD_CASES = [("torch.optim", "Rprop", {"lr": 0.01}), ("torch.optim", "ASGD", {"lr": 0.01}),
+                ("torch.optim", "Adafactor", {"lr": 0.01}), ("torch.optim", "Adadelta", {"lr": 0.1}),
+                ("bitsandbytes.optim", "AdamW8bit", {"lr": 1e-3}), ("schedulefree", "AdamWScheduleFree", {"lr": 1e-3})]
+
+
+@pytest.mark.parametrize("module, attr, kwargs", _GUARD_CASES, ids=[a for _, a, _ in _GUARD_CASES])
+def test_guard_remaps_live_by_the_same_table(tmp_path, tokenizers, module, attr, kwargs):
+    """ResumeGuard resizing in memory gives every state the rows `ckptfix.optim_state` says, as repair does."""
+    cls = _optional(module, attr)
+    vocab = tokenizers["vocab"]
+    torch.manual_seed(0)
+    model = TinyLM(vocab)
+    opt = _train_mode(cls(model.parameters(), **kwargs))
+    _steps(model, [opt], vocab, STEPS)
+    path = tmp_path / "src.pt"
+    _save(model, [opt], path, "single")
+    src = torch.load(path, weights_only=True)
+    kind = ckptfix.inspect(path).to_json()["optimizer"]["type"]
+    sources = _sources(tokenizers["old"], tokenizers["grown"], vocab)
+    live = TinyLM(len(sources))
+    live_opt = _train_mode(cls(live.parameters(), **kwargs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ckptfix.ResumeGuard(live, live_opt, tokenizer=tokenizers["grown"], from_tokenizer=tokenizers["old"],
+                            policy="remap", probe_steps=0).load(path)
+    live_sd = live_opt.state_dict()
+    for g in live_sd["param_groups"]:
+        g.pop("param_names", None)
+    _check_state(src["optimizer"], live_sd, _names(model, opt), kind, sources, live.state_dict(), vocab)
+    _steps(live, [live_opt], len(sources), 2, first=5)

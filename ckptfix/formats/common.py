@@ -286,6 +286,7 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
             nested = _nested_tensors(key, value, ("state", index), locate_for)
             if key == "step":
                 ps.step = read_scalar(value) if isinstance(value, TensorInfo) else _number(value)
+                ps.step_kind = "tensor" if isinstance(value, TensorInfo) else type(value).__name__
             elif isinstance(value, TensorInfo):
                 ps.tensors[key] = value
             elif nested:

@@ -15,6 +15,7 @@ from ckptfix.dtypes import contiguous_stride
 from ckptfix.formats.common import iter_tensor_refs
 from ckptfix.formats.pickle_safe import StorageRef, TensorRef
 from ckptfix.formats.torch_save import Spliced, StorageSource
+from ckptfix.optim_state import state_path
 from ckptfix.surgery.plan import DEFAULT_SCALE, RepairPlan, TensorEdit
 
 
@@ -95,23 +96,13 @@ def edit_optimizer(sd: dict, plan: RepairPlan, table: StorageTable, part: int | 
             edits.setdefault(index[1] if part is not None else index, []).append((key, edit))
     for index, entries in sd["state"].items():
         for path, edit in edits.get(index, []):
-            entries = _replaced(entries, _path(path), functools.partial(_new_tensor, table, edit))
+            entries = _replaced(entries, state_path(path), functools.partial(_new_tensor, table, edit))
         state[index] = entries
     return {**sd, "state": state, "param_groups": groups}
 
 
 def _new_tensor(table: StorageTable, edit: TensorEdit, old: TensorRef) -> TensorRef:
     return table.new_tensor(old, edit)
-
-
-def _path(key: str) -> list[Any]:
-    """A flattened state key (`ckptfix.formats.common._nested_tensors`) as dict keys and list indices:
-    "GG[1]" -> ["GG", 1]; "__bnb_optimizer_quant_state__/state1" -> [that, "state1"]."""
-    out: list[Any] = []
-    for part in key.split("/"):
-        name, *indices = part.split("[")
-        out += [name, *(int(i.rstrip("]")) for i in indices)]
-    return out
 
 
 def _replaced(node: Any, path: list[Any], make: Callable[[TensorRef], TensorRef]) -> Any:
