@@ -50,6 +50,8 @@ SECOND = Rule("second moment", "column-mean")
 COPY = Rule("parameter copy", "weights")
 STEP_SIZE = Rule("step size", "group-lr")
 ROW_FACTOR = Rule("factored second moment, row factor", "column-mean")
+COUNTER = Rule("counter or per-parameter scalar", "keep", why="not per row")
+KAHAN = Rule("Kahan compensation of the weights' rounding", "zeros")  # new rows have no rounding error yet
 CODE_BOOK = Rule("quantization code book", "keep", why="the same 256 values for every row")
 COLUMN_FACTOR = Rule("factored second moment, column factor", "keep",
                     "a mean over all rows, unchanged by new rows at the row factor's mean; re-estimated every step")
@@ -115,6 +117,8 @@ KINDS: tuple[Kind, ...] = (
                                        "exp_avg_sq_col": COLUMN_FACTOR}, [], ["scale_parameter", "relative_step"]),
     _kind("Adafactor (torch.optim)", {"row_var": ROW_FACTOR, "col_var": COLUMN_FACTOR, "variance": SECOND},
           [], ["beta2_decay"]),
+    _kind("StableAdamW (optimi)", {"exp_avg": FIRST, "exp_avg_sq": SECOND, "eps_sq": COUNTER,
+                                   "kahan_comp": KAHAN}, ["eps_sq"], ["kahan_sum"]),
     _kind("Prodigy", {**_ADAM, "p0": COPY, "s": FIRST}, ["p0"], ["d0"]),
     _kind("AdEMAMix", {**_ADAM, "exp_avg_slow": FIRST}, ["exp_avg_slow"]),
     _kind("AdamWScheduleFree", {"z": COPY, "exp_avg_sq": SECOND}, ["z", "exp_avg_sq"], _SF, ["silent_sgd_phase"]),
