@@ -157,7 +157,7 @@ def state_keys(state: Mapping[Any, Any]) -> set[str]:
     """Every per-parameter state key with a tensor (or list of tensors) in any entry."""
     keys: set[str] = set()
     for ps in state.values():
-        keys.update(k.split("[")[0] for k in ps.tensors)
+        keys.update(k.split("[")[0] for k in ps.tensors if isinstance(k, str))  # others: refused by validate
     return keys
 
 
@@ -185,17 +185,17 @@ def kind_name(state: Mapping[Any, Any], groups: list[Any]) -> str:
 
 def _name(kind: Kind, groups: list[Any]) -> str:
     options = groups[0].options if groups else {}
-    if kind.name.startswith("bitsandbytes AdamW") and len(options.get("betas") or ()) == 3:
+    betas = options.get("betas")
+    if kind.name.startswith("bitsandbytes AdamW") and isinstance(betas, (list, tuple)) and len(betas) == 3:
         return kind.name.replace("AdamW", "AdEMAMix")  # AdEMAMix: a third beta for its slow EMA
     if kind.name == "AdamW":  # torch >= 2.7 records it; older files: L2 decay on Adam is rare
-        decoupled = options.get("decoupled_weight_decay")
-        if decoupled is None:
-            decoupled = bool(options.get("weight_decay"))
+        decoupled, decay = options.get("decoupled_weight_decay"), options.get("weight_decay")
+        if not isinstance(decoupled, bool):
+            decoupled = not isinstance(decay, (int, float)) or decay != 0
         return "AdamW" if decoupled else "Adam"
-    if kind.name == "SGD" and not options.get("momentum"):
-        return "SGD"
     if kind.name == "SGD":
-        return "SGD (momentum)"
+        momentum = options.get("momentum")
+        return "SGD" if isinstance(momentum, (int, float)) and momentum == 0 else "SGD (momentum)"
     return kind.name
 
 
@@ -234,7 +234,7 @@ def action_for(kind: str, key: str, shape: tuple[int, ...], dtype: str, param_sh
         return Action("counter", None)
     rule = rule_for(kind, key)
     if rule is None:
-        return Action("refuse", None, f"not a state of {kind}")
+        return Action("refuse", None, UNKNOWN if by_name(kind) is None else f"not a state of {kind}")
     if rule.blockwise is not None and dtype == "uint8":  # codes shaped like the parameter (AdEMAMix stacks two)
         if tuple(shape) != tuple(param_shape):
             return Action("refuse", rule, f"8-bit codes of shape {list(shape)} for a {list(param_shape)} parameter")
@@ -251,22 +251,37 @@ def action_for(kind: str, key: str, shape: tuple[int, ...], dtype: str, param_sh
     return Action("rows", rule)
 
 
-def unremappable(kinds: Iterable[str], keys: Iterable[str]) -> list[str]:
+UNKNOWN = "not an optimizer ckptfix knows: what its states mean is not known"
+
+#: What cannot follow the rows: (state key, the tensor it belongs to or "" for the whole optimizer, why).
+Refusal = tuple[str, str, str]
+
+
+def unremappable(kinds: Iterable[str], keys: Iterable[str]) -> list[Refusal]:
     """What makes a whole optimizer impossible to remap, whichever parameter: an unknown kind, flat state."""
     keys = sorted(set(keys))
     out = []
     for kind in kinds:
-        if by_name(kind) is None and keys:
-            out.append(f"every state ({', '.join(keys)}: not an optimizer ckptfix knows)")
-        flat = [k for k in keys if rule_for(kind, k) is FLAT]
-        if flat:
-            out.append(f"{', '.join(flat)} ({FLAT.why})")
+        if by_name(kind) is None:
+            out += [(k, "", UNKNOWN) for k in keys]
+        out += [(k, "", FLAT.why) for k in keys if rule_for(kind, k) is FLAT]
     return out
 
 
-def refusals(opt: Any, vocab: Iterable[Any]) -> list[str]:
+def describe(refused: Iterable[Refusal]) -> str:
+    """"GG[0], Q[0] of text_embedding.weight, text_head.weight (why); ..." : grouped by reason."""
+    by_why: dict[str, tuple[list[str], list[str]]] = {}
+    for key, owner, why in refused:
+        keys, owners = by_why.setdefault(why, ([], []))
+        keys.extend([key] if key not in keys else [])
+        owners.extend([owner] if owner and owner not in owners else [])
+    return "; ".join(f"{', '.join(keys)}{' of ' + ', '.join(owners) if owners else ''} ({why})"
+                     for why, (keys, owners) in by_why.items())
+
+
+def refusals(opt: Any, vocab: Iterable[Any]) -> list[Refusal]:
     """What repair's default policy would refuse to remap in optimizer state `opt` when the vocab tensors
-    `vocab` (`ckptfix.vocab.VocabTensor`) are resized, as "key of tensor (why)"; [] when all is understood."""
+    `vocab` (`ckptfix.vocab.VocabTensor`) are resized; [] when all is understood."""
     if opt is None or not opt.state:
         return []
     out = []
@@ -276,5 +291,5 @@ def refusals(opt: Any, vocab: Iterable[Any]) -> list[str]:
             action = action_for(opt.kind_of(v.optimizer_index), key, t.shape, t.dtype, v.shape,
                                 v.role == "head-bias" and len(t.shape) == 2)
             if action.what == "refuse":
-                out.append(f"{key} of {v.name} ({action.why})")
+                out.append((key, v.name, action.why))
     return out + unremappable({opt.kind_of(i) for i in opt.state}, state_keys(opt.state))

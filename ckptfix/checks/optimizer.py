@@ -7,7 +7,7 @@ from typing import Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
 from ckptfix.mapping import MOMENT_KEYS
-from ckptfix.optim_state import refusals
+from ckptfix.optim_state import describe, refusals
 
 
 @check("CKF201", "error", "optimizer moment shape differs from its parameter",
@@ -107,8 +107,7 @@ def unremappable_state(ctx: Context) -> Iterator[Finding]:
     opt = ctx.ckpt.optimizer
     assert opt is not None
     yield finding(
-        "CKF210", f"{opt.kind}: {len(found)} state(s) cannot follow a resize of the vocab rows: "
-        + "; ".join(found[:4]) + (f"; and {len(found) - 4} more" if len(found) > 4 else ""),
+        "CKF210", f"{opt.kind}: {len(found)} state(s) cannot follow a resize of the vocab rows: {describe(found)}",
         pytorch="Resizing the vocab rows leaves these states at the old size or in the old rows' basis: the first "
         "optimizer.step() raises on a size mismatch or updates new rows with another row's statistics.",
         fix=ctx.repair_command("--policy fresh") + "  (drops optimizer state, keeps the schedule; or --policy reset)",

@@ -22,7 +22,7 @@ from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
-from ckptfix.optim_state import action_for, state_keys, unremappable
+from ckptfix.optim_state import Refusal, action_for, describe, state_keys, unremappable
 from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import recorded_padding, recorded_rows
 from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
@@ -231,7 +231,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     from_tokenizer, rows_by, identity_notes = _old_tokenizer(report, tokenizer, from_tokenizer, keep_ids)
     asked = policy is not None
     policy = canonical(policy) if policy else default_policy(ckpt)
-    refused: list[str] = []
+    refused: list[Refusal] = []
     init = init or default_init(tokenizer, from_tokenizer)
     if policy not in POLICIES:
         raise RepairError(f"unknown --policy {policy!r} (choose {', '.join(POLICIES)})")
@@ -340,10 +340,10 @@ def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
         plan.notes.append(f"recorded {'.'.join(map(str, path))} set to {value}")
 
 
-def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[str]:
+def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[Refusal]:
     """Every state of vocab tensor `v`'s optimizer entry, by its rule (`optim_state.action_for`): rows
     remapped (new rows as the rule says), a column factor or a counter kept, or refused. Returns what
-    cannot be remapped, as "key of tensor (why)"."""
+    cannot be remapped."""
     opt = plan.ckpt.optimizer
     entry = opt.state.get(v.optimizer_index) if opt is not None and v.optimizer_index is not None else None
     if opt is None or entry is None:
@@ -353,7 +353,7 @@ def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[str]:
         head_bias = v.role == "head-bias" and len(t.shape) == 2
         action = action_for(kind, key, t.shape, t.dtype, v.shape, head_bias)
         if action.what == "refuse":
-            refused.append(f"{key} of {v.name} ({action.why})")
+            refused.append((key, v.name, action.why))
         elif action.what == "keep":
             plan.notes.append(f"{key} of {v.name} kept ({action.rule.meaning if action.rule else ''}: {action.why})")
         elif action.what == "blockwise":
@@ -364,7 +364,7 @@ def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[str]:
 
 
 def _plan_rows(plan: RepairPlan, v: Any, key: str, t: TensorInfo, rule: Any, rows_plan: RowPlan,
-               head_bias: bool) -> list[str]:
+               head_bias: bool) -> list[Refusal]:
     rows = t.shape[-1] if head_bias else t.shape[0]
     mplan = rows_plan if rows == v.rows else plan_by_id(rows, rows_plan.new_rows)
     if mplan is not rows_plan:
@@ -374,22 +374,22 @@ def _plan_rows(plan: RepairPlan, v: Any, key: str, t: TensorInfo, rule: Any, row
     if rule.new_rows == "group-lr":
         edit.value = _group_lr(plan.ckpt.optimizer, v.optimizer_index)
         if edit.value is None:
-            return [f"{key} of {v.name} (its group records no lr to start new rows at)"]
+            return [(key, v.name, "its group records no lr to start new rows at")]
     plan.moments[(v.optimizer_index, key)] = edit
     return []
 
 
-def _plan_blockwise(plan: RepairPlan, v: Any, key: str, tensors: dict, rule: Any, rows_plan: RowPlan) -> list[str]:
+def _plan_blockwise(plan: RepairPlan, v: Any, key: str, tensors: dict, rule: Any,
+                    rows_plan: RowPlan) -> list[Refusal]:
     """A bitsandbytes 8-bit state: its codes and block scales resized together (`surgery.blockwise`)."""
     scales_key, book_key = rule.blockwise
     codes, scales, book = tensors[key], tensors.get(scales_key), tensors.get(book_key)
     if scales is None or book is None:
-        return [f"{key} of {v.name} (8-bit codes without their {scales_key.split('/')[-1]} and "
-                f"{book_key.split('/')[-1]})"]
+        return [(key, v.name, "8-bit codes without their block scales and code book")]
     state = BlockwiseRows(codes, scales, book, rows_plan, rule.new_rows)
     why = state.check()
     if why:
-        return [f"{key} of {v.name} ({why})"]
+        return [(key, v.name, why)]
     index = v.optimizer_index
     plan.moments[(index, key)] = BlockwiseEdit(f"{v.name}:{key}", v.role, codes, rows_plan, key, owner=v.name,
                                                blockwise=state)
@@ -408,7 +408,7 @@ def _group_lr(opt: Any, index: Any) -> float | None:
     return group.lr if group is not None else None
 
 
-def _refuse(plan: RepairPlan, refused: list[str], asked: bool) -> None:
+def _refuse(plan: RepairPlan, refused: list[Refusal], asked: bool) -> None:
     """Stop, naming the optimizer and every state that cannot follow its rows, with the policies that
     repair anyway; also for an optimizer whose kind or flat state ckptfix does not understand."""
     opt = plan.ckpt.optimizer
@@ -417,7 +417,7 @@ def _refuse(plan: RepairPlan, refused: list[str], asked: bool) -> None:
     refused = refused + unremappable({opt.kind_of(i) for i in opt.state}, state_keys(opt.state))
     if refused:
         how = "--policy remap" if asked else "the default policy (remap)"
-        raise RepairError(f"{plan.ckpt.path}: {opt.kind}: {how} cannot remap " + "; ".join(dict.fromkeys(refused))
+        raise RepairError(f"{plan.ckpt.path}: {opt.kind}: {how} cannot remap {describe(refused)}"
                           + ". --policy fresh (drop optimizer state, keep the schedule; the LR re-warms) or "
                           "--policy reset (drop optimizer and scheduler state) repairs it")
 
