@@ -135,7 +135,7 @@ class ResumeReport:
         return not any(p.severity == "error" for p in self.problems)
 
     def to_json(self) -> dict[str, Any]:
-        from ckptfix.inspect import plain
+        from ckptfix.plain import plain
 
         return {
             "schema": SCHEMA,
