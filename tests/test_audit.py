@@ -157,8 +157,9 @@ def _flat_buffer():
     return ckpt
 
 
-# name -> (builder, paths inspect and repair must name, the finding code; None: the default policy drops
-# that optimizer's state, which the audit says in inspect's report, and `--policy remap` is refused)
+# name -> (builder, paths inspect and repair must name, the finding code; None: states the plan itself refuses
+# to remap (`ckptfix.optim_state`, issue 29), naming `--policy fresh`; with it they are dropped, and the
+# audit says so)
 CASES = {
     "list-state": (lambda: _one_optimizer(ListStateSGD), ["optimizer.state.0.buffers[0]"], None),
     "nested-state": (lambda: _one_optimizer(NestedStateAdam), ["optimizer.state.0.moments.m"], None),
@@ -207,15 +208,17 @@ def _cli(capsys, *args) -> tuple[int, str, str]:
 def test_inspect_names_every_value_and_repair_refuses_naming_it(case, corpus, tokenizer, tmp_path, capsys):
     _, paths, code = CASES[case]
     report = ckptfix.inspect(corpus[case], tokenizer)
+    if code is None:  # the plan itself refuses these states (issue 29: ckptfix.optim_state), naming them
+        out = tmp_path / "out.pth"
+        status, _, err = _cli(capsys, "repair", corpus[case], "-t", tokenizer, "-o", out)
+        assert report.exit_code == 1 and status == 2 and "--policy fresh" in err and not out.exists(), err
+        return
     named = {v["path"]: v for v in report.to_json()["audit"]["values"]}
     for path in paths:
         assert path in named, (path, sorted(named))
-        if code is None:
-            assert named[path]["status"] == "changed" and "dropped" in named[path]["reason"]
-        else:
-            found = [f for f in report.findings if f.code == code]
-            assert found and any(path in f.tensors for f in found), [(f.code, f.message) for f in report.findings]
-            assert named[path]["status"] == "unresolved"
+        found = [f for f in report.findings if f.code == code]
+        assert found and any(path in f.tensors for f in found), [(f.code, f.message) for f in report.findings]
+        assert named[path]["status"] == "unresolved"
 
     out = tmp_path / "out.pth"
     status, stdout, err = _cli(capsys, "repair", corpus[case], "-t", tokenizer, "-o", out, "--policy", "remap")
@@ -234,9 +237,7 @@ def test_every_case_ends_right_or_refused_under_the_default_policy(corpus, token
         if status == 0:
             _assert_no_stale(out)
         outcomes[case] = status
-    # the unread optimizers are dropped by the default policy for their unknown kind (issue 29 decides
-    # whether that may stay the default); the rest is refused
-    assert outcomes == {**{c: 2 for c in CASES}, "list-state": 0, "nested-state": 0}, outcomes
+    assert outcomes == {c: 2 for c in CASES}, outcomes
 
 
 def _assert_no_stale(path: Path) -> None:
@@ -259,8 +260,11 @@ def _assert_no_stale(path: Path) -> None:
 
 def test_nested_state_dropped_loads_and_steps(corpus, tokenizer, tmp_path):
     out = tmp_path / "fixed.pth"
-    result = ckptfix.repair(corpus["nested-state"], tokenizer, out)
+    result = ckptfix.repair(corpus["nested-state"], tokenizer, out, policy="fresh")
     assert result.plan.drop_optimizer_state
+    audited = {v.path: v for v in result.plan.audit.values}
+    assert audited["optimizer.state.0.moments.m"].status == "changed" and "dropped" in \
+        audited["optimizer.state.0.moments.m"].reason
     sd = torch.load(out, weights_only=True)
     model = TinyLM(NEW, DIM)
     model.load_state_dict(sd["model"], strict=True)
