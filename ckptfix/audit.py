@@ -254,6 +254,9 @@ class _Context:
         in_file = _one_file(ckpt)
         self.model_at = _section(ckpt.sections.get("model")) if in_file else _MODEL
         self.optimizer_at = _section(ckpt.sections.get("optimizer")) if in_file else _OPTIMIZER
+        # several optimizers merged into one model (entries `(part, index)`): each one's place in the file
+        parts = ckpt.optimizer.parts if ckpt.optimizer is not None else []
+        self.parts = [_section(p.section) for p in parts] if in_file else []
         self.extras_at: tuple = ()
         self.keep = set(plan.keep)
         self.names = dict(getattr(mapping, "names", {}) or {})
@@ -390,6 +393,10 @@ class _Context:
         return name if name in self.ckpt.model else None
 
     def _optimizer_entry(self, path: tuple) -> tuple | None:
+        for k, at in enumerate(self.parts):
+            if at is not None and path[:len(at)] == at and len(path) >= len(at) + 3 and path[len(at)] == "state":
+                rest = path[len(at):]
+                return (k, rest[1]), rest[2], rest[3:]
         at = self.optimizer_at
         if at is None or path[:len(at)] != at:
             return None

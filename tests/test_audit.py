@@ -159,14 +159,14 @@ def _flat_buffer():
 
 # name -> (builder, paths inspect and repair must name, the finding code; None: states the plan itself refuses
 # to remap (`ckptfix.optim_state`, issue 29), naming `--policy fresh`; with it they are dropped, and the
-# audit says so)
+# audit says so; "changed": every optimizer is read (issue 29) and the audit finds each moment in the plan)
 CASES = {
     "list-state": (lambda: _one_optimizer(ListStateSGD), ["optimizer.state.0.buffers[0]"], None),
     "nested-state": (lambda: _one_optimizer(NestedStateAdam), ["optimizer.state.0.moments.m"], None),
-    "two-optimizers-list": (lambda: _two_optimizers("list"), ["optimizers[1].state.0.exp_avg"], "CKF130"),
-    "two-optimizers-keys": (lambda: _two_optimizers("keys"), ["optimizer_embed.state.0.exp_avg"], "CKF130"),
+    "two-optimizers-list": (lambda: _two_optimizers("list"), ["optimizers[1].state.0.exp_avg"], "changed"),
+    "two-optimizers-keys": (lambda: _two_optimizers("keys"), ["optimizer_embed.state.0.exp_avg"], "changed"),
     "lightning-optimizer-states": (lambda: _two_optimizers("lightning"), ["optimizer_states[1].state.0.exp_avg"],
-                                   "CKF130"),
+                                   "changed"),
     "second-vocabulary": (lambda: _adamw_ckpt(WithQFormer(OLD), config={"qformer_config": {"vocab_size": 97},
                                                                          "text_config": {"vocab_size": OLD}}),
                           ["qformer.embeddings.word_embeddings.weight"], "CKF133"),
@@ -214,6 +214,13 @@ def test_inspect_names_every_value_and_repair_refuses_naming_it(case, corpus, to
         assert report.exit_code == 1 and status == 2 and "--policy fresh" in err and not out.exists(), err
         return
     named = {v["path"]: v for v in report.to_json()["audit"]["values"]}
+    if code == "changed":
+        assert all(named[path]["status"] == "changed" for path in paths), named
+        out = tmp_path / "out.pth"
+        status, _, err = _cli(capsys, "repair", corpus[case], "-t", tokenizer, "-o", out)
+        assert status == 0, err
+        _assert_no_stale(out)
+        return
     for path in paths:
         assert path in named, (path, sorted(named))
         found = [f for f in report.findings if f.code == code]
@@ -237,7 +244,7 @@ def test_every_case_ends_right_or_refused_under_the_default_policy(corpus, token
         if status == 0:
             _assert_no_stale(out)
         outcomes[case] = status
-    assert outcomes == {c: 2 for c in CASES}, outcomes
+    assert outcomes == {c: 0 if CASES[c][2] == "changed" else 2 for c in CASES}, outcomes
 
 
 def _assert_no_stale(path: Path) -> None:
@@ -330,16 +337,15 @@ def test_llava_text_config_is_written_or_refused(tokenizer, tmp_path, capsys):
         assert not out.exists() and "text_config.vocab_size" in err, err
 
 
-def test_the_guard_refuses_a_resize_that_leaves_a_second_optimizer_stale(corpus):
-    """ResumeGuard(policy="remap") resizes in memory through the same plan and audit: the AdamW state of the
-    embedding and head under `optimizers[1]` would come back at the old rows, so load raises, naming it."""
+def test_the_guard_refuses_a_resize_that_leaves_a_flat_buffer_stale(corpus):
+    """ResumeGuard(policy="remap") resizes in memory through the same plan and audit: the flat EMA buffer the
+    checkpoint keeps beside the model would come back at the old length, so load raises, naming it."""
     from ckptfix.guard.resume import ResumeError
 
     model = TinyLM(NEW, DIM)
-    vocab, rest = _split(model)
-    guard = ckptfix.ResumeGuard(model, torch.optim.AdamW(vocab, lr=1e-3), policy="remap", tokenizer=NEW)
-    with pytest.raises(ResumeError, match=r"optimizers\[1\]\.state\.0\.exp_avg"):
-        guard.load(corpus["two-optimizers-list"])
+    guard = ckptfix.ResumeGuard(model, torch.optim.AdamW(model.parameters(), lr=1e-3), policy="remap", tokenizer=NEW)
+    with pytest.raises(ResumeError, match=r"ema_flat"):
+        guard.load(corpus["flat-buffer"])
 
 
 def _with_extras(tmp_path, name, extras):
