@@ -312,9 +312,6 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point: every CkptfixError becomes one line on stderr and exit code 2, never a traceback.
     Under --json the same error is also printed on stdout as a JSON object (`_emit_error`)."""
     args = sys.argv[1:] if argv is None else list(argv)
-    if args in (["--version"], ["-V"]):  # the same line click prints, without building the command tree
-        print(VERSION_LINE)
-        return
     previous = _install(signal.SIGTERM, _on_sigterm)
     try:
         cli.main(args=args, prog_name="ckptfix", standalone_mode=False)

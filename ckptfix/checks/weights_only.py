@@ -43,8 +43,9 @@ def weights_only_refuses(ctx: Context) -> Iterator[Finding]:
     listed = "; ".join(f"{u.path} ({u.cls}{_fields(u.fields)})" for u in refusing[:MAX_LISTED])
     more = f"; and {len(refusing) - MAX_LISTED} more" if len(refusing) > MAX_LISTED else ""
     convertible = all(u.convertible for u in refusing)
-    fix = (f"{convert_command(ctx.ckpt.path)} (plain values, listed in the output's record); "
-           if convertible else "") + f"or, if you trust the file: {add_safe_globals_line(names)}"
+    fix = (f"{convert_command(ctx.ckpt.path)} (plain values, listed in the output's record); or, if you trust the "
+           "file: " if convertible else "ckptfix convert cannot make it loadable (CKF705); if you trust the file: "
+           ) + add_safe_globals_line(names)
     yield finding("CKF704", f"torch.load(weights_only=True) refuses this file because of: {', '.join(names)}; "
                   f"at {listed}{more}",
                   pytorch="torch.load() raises 'Weights only load failed ... Unsupported global'. weights_only=False "
