@@ -329,7 +329,9 @@ def check_training_setup(
     """Check, before the first step, that this model/optimizer/scaler can learn at all.
 
     `optimizer` may be a torch optimizer or a wrapper (accelerate); its own `.scaler` is used
-    when `scaler` is None. `scheduler` only serves to tell warmup step 0 (lr 0 is expected)
+    when `scaler` is None. An optimizer that already holds state (loaded by hand) has every moment
+    checked against its parameter's shape (CKF822), dtype and device (CKF823), whatever its
+    implementation (for-loop, foreach, fused). `scheduler` only serves to tell warmup step 0 (lr 0 is expected)
     from a dead lr. With `raise_on_error` (default) error-level findings raise
     `TrainingSetupError` and warnings go through `warnings.warn`; otherwise all findings are
     just returned.
@@ -341,4 +343,10 @@ def check_training_setup(
         scheduler=scheduler,
     )
     problems = [p for check in SETUP_CHECKS for p in check(setup)]
+    if setup.optimizer is not None and any(setup.optimizer.state.values()):
+        # state loaded by hand (optimizer.load_state_dict): torch checks no moment against its parameter,
+        # and fused/foreach AdamW would step on wrong-shaped ones (CKF822) or other dtypes (CKF823)
+        from ckptfix.guard.resume_apply import check_live_state
+
+        problems += check_live_state(model, optimizer)
     return report_problems(problems, raise_on_error)
