@@ -32,7 +32,7 @@ def never_trained_from(vocab_tensor: Any) -> int | None:
     if moment is None or vocab_tensor.tied_to is not None or len(moment.shape) != 2:
         return None
     last = read_last_row(moment)  # the common case, decided without numpy: the last row trained
-    if last is not None and any((v & 0x7FFF) != 0 if moment.dtype == "bfloat16" else v != 0 for v in last):
+    if last is not None and any((int(v) & 0x7FFF) != 0 if moment.dtype == "bfloat16" else v != 0 for v in last):
         return None
     try:
         values = moment.read_stored()
