@@ -77,8 +77,11 @@ def cli() -> None:
     """Inspect, repair and guard PyTorch training checkpoints that will not resume cleanly.
 
     Exit codes: 0 clean, 1 error-level findings, 2 bad usage or unreadable input, 130 interrupted.
-    Colour on a terminal only; NO_COLOR=1 turns it off. Shell completion (bash, zsh, fish):
-    eval "$(_CKPTFIX_COMPLETE=bash_source ckptfix)".
+    Colour on a terminal only; NO_COLOR=1 turns it off.
+
+    \b
+    Shell completion (bash; zsh_source or fish_source for those shells):
+      eval "$(_CKPTFIX_COMPLETE=bash_source ckptfix)"
     """
 
 
