@@ -169,7 +169,7 @@ def test_without_the_old_tokenizer(setup, tmp_path):
         retrained = [f for f in report.findings if f.code == "CKF122"]
         assert len(retrained) == 1 and retrained[0].severity == "error"
         assert "user-defined" in retrained[0].message and "--from-tokenizer" in retrained[0].fix
-        with pytest.raises(RepairError, match="--from-tokenizer"):
+        with pytest.raises(RepairError, match="from_tokenizer=OLD"):
             ckptfix.repair(s["ckpt"], s["new"].path, tmp_path / "out.pth")
     else:  # nothing in a reordered BPE shows it: inspect says rows will be kept by id and when that is right
         assert any("keeps rows by id" in n and "--from-tokenizer" in n for n in report.notes)
