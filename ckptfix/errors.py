@@ -37,9 +37,13 @@ KEYWORD_FLAGS = {
 
 
 def for_cli(message: str) -> str:
-    """`message` as the command line says it: each keyword argument replaced by its flag."""
+    """`message` as the command line says it: each keyword argument replaced by its flag where the message
+    tells what to pass ("pass force=True", "or keep_ids=True", "(force=True does not ..."), not inside a
+    value quoted from the input."""
+    import re
+
     for keyword, flag in KEYWORD_FLAGS.items():
-        message = message.replace(keyword, flag)
+        message = re.sub(r"(?:(?<=[Pp]ass )|(?<=or )|(?<=\())" + re.escape(keyword) + r"(?= )", flag, message)
     return message
 
 
