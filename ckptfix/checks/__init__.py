@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ckptfix.checkpoint import Checkpoint
 from ckptfix.mapping import ParamMapping
+from ckptfix.optim_state import refusals
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -56,6 +57,8 @@ class Context:
         blocked = repair_blocker(self.ckpt, self.vocab)
         if blocked:
             return f"ckptfix repair cannot fix this: {blocked}."
+        if not {"--policy fresh", "--policy reset"} & set(extra) and refusals(self.ckpt.optimizer, self.vocab):
+            extra = (*[e for e in extra if not e.startswith("--policy")], "--policy fresh")  # CKF210 says why
         from ckptfix.resume_hints import repair_target, suggested_output
 
         src, _ = repair_target(self.ckpt.path.rstrip("/") or self.ckpt.path)  # never half a checkpoint folder
