@@ -120,7 +120,8 @@ def updates(recorded: list[Recorded], old_rows: set[int], new_rows: int, tokens:
     """path -> new value for a repair to `new_rows` rows and a `tokens`-id tokenizer."""
     out = {}
     for r in recorded:
-        if r.rows_key and r.value in old_rows and r.value != new_rows:
+        # a separate vocabulary the LM's size: its tensors cannot be told from the LM's and are resized with them
+        if r.role in ("rows", "separate") and r.value in old_rows and r.value != new_rows:
             out[r.path] = new_rows
         elif r.role == "tokens" and r.value != tokens:  # litgpt's vocab_size: the tokenizer's size
             out[r.path] = min(tokens, new_rows)

@@ -217,7 +217,8 @@ REGISTRY_FAST = [("image-text-to-text", "llava"), ("image-text-to-text", "qwen2_
                  ("image-text-to-text", "mllama"), ("image-text-to-text", "instructblip"),
                  ("image-text-to-text", "paligemma"), ("image-text-to-text", "blip-2"), ("causal-lm", "llama")]
 ADDED = ["<video>", "<box>", "<ref>"]
-MAX_PARAMS = 30_000_000  # "tiny": what a 2-core CI runner trains two steps of in seconds
+MAX_PARAMS = 30_000_000
+CLASS_SECONDS = 240  # a class slower than this on a shared CPU is reported skipped, not waited for  # "tiny": what a 2-core CI runner trains two steps of in seconds
 _WIDTH, _FFN, _LAYERS, _HEADS = 32, 64, 2, 2
 # config attributes, by exact name, shrunk generically (whatever model they belong to)
 _WIDTH_KEYS = {"hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "embedding_size", "hidden_dim",
@@ -381,6 +382,21 @@ class RegistryOutcome:
 
 def check_registry_class(registry: str, model_type: str, class_name: str, folder: Path) -> RegistryOutcome:
     """The whole contract for one class (see the section's comment), as a result, never an exception."""
+    import signal
+
+    def too_slow(*_):
+        raise TimeoutError(f"over {CLASS_SECONDS} s on CPU")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(CLASS_SECONDS)
+    try:
+        return _check_registry_class(registry, model_type, class_name, folder)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _check_registry_class(registry: str, model_type: str, class_name: str, folder: Path) -> RegistryOutcome:
     out = RegistryOutcome(registry, model_type, class_name)
     try:
         model = build_registry_model(model_type, class_name, VOCAB)
