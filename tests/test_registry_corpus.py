@@ -11,7 +11,21 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from arch_corpus import REGISTRIES, REGISTRY_FAST, check_registry_class, registry_classes
+import torch
+from arch_corpus import (
+    REGISTRIES,
+    REGISTRY_FAST,
+    VOCAB,
+    build_registry_model,
+    check_registry_class,
+    registry_classes,
+    registry_step,
+    save_trainer_folder,
+    trainer_optimizer,
+    word_level_tokenizer,
+)
+
+import ckptfix
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.transformers
@@ -49,3 +63,25 @@ def test_registry(registry, tmp_path):
             print(f"  {o.class_name} ({o.model_type}): {'WRONG ' + o.problem if o.built else 'skipped: ' + o.skipped}")
     wrong = [f"{o.class_name}: {o.problem}" for o in outcomes if o.built and not o.right]
     assert not wrong, "\n".join(wrong)
+
+
+def test_mllama_offset_rows_kept_and_drops_counted(tmp_path):
+    """Mllama's embedding has vocab_size + 8 rows (its image tokens), the head vocab_size: clean at the
+    tokenizer's size, and a shrink reports every trained row it drops, never "dropped 0"."""
+    model = build_registry_model("mllama", "MllamaForConditionalGeneration", VOCAB)
+    opt, sched = trainer_optimizer(model)
+    registry_step(model, opt, sched, VOCAB, seed=1)
+    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    report = ckptfix.inspect(str(src), tokenizer=str(src))
+    assert not [f.code for f in report.findings if f.severity == "error"]
+    assert {v.role: (v.rows, v.offset) for v in report.vocab} == {"embedding": (VOCAB + 8, 8), "head": (VOCAB, 0)}
+
+    small = word_level_tokenizer(tmp_path / "small.json", VOCAB - 10)
+    result = ckptfix.repair(str(src), str(small), str(tmp_path / "fixed"), keep_ids=True,
+                            pad_to_multiple_of=1)
+    changes = {c["tensor"]: c for c in result.to_json()["changes"] if ":" not in c["tensor"]}
+    embed = next(c for name, c in changes.items() if "embed_tokens" in name)
+    assert (embed["old_rows"], embed["new_rows"], embed["dropped"]) == (VOCAB + 8, VOCAB - 2, 10)
+    loaded = type(model).from_pretrained(tmp_path / "fixed")
+    assert loaded.get_input_embeddings().weight.shape[0] == VOCAB - 2
+    assert torch.equal(loaded.get_input_embeddings().weight, model.get_input_embeddings().weight[:VOCAB - 2])

@@ -298,9 +298,10 @@ def _offset_plan(plan: RepairPlan, v: Any, lm_plan: RowPlan) -> RowPlan:
                           f"rows {v.token_rows}..{v.rows - 1}) and the rows move by token: ckptfix keeps such rows "
                           "at their ids only when token rows are kept by id; pass --keep-ids if the ids are unchanged")
     rows_plan = plan_by_id(v.rows, lm_plan.new_rows + v.offset)
-    plan.notes.append(f"{v.name}: {v.rows} rows = {v.token_rows} token rows + {v.offset} rows of the model's own past "
-                      f"the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (old rows at "
-                      f"their ids, {rows_plan.new} new appended, {rows_plan.dropped} trained row(s) dropped)")
+    if not rows_plan.is_identity():
+        plan.notes.append(f"{v.name}: {v.rows} rows = {v.token_rows} token rows + {v.offset} rows of the model's own "
+                          f"past the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (old rows "
+                          f"at their ids, {rows_plan.new} new appended, {rows_plan.dropped} trained row(s) dropped)")
     return rows_plan
 
 
