@@ -8,9 +8,10 @@ inspect checks them (CKF115) and repair updates them with the rows.
 
 A composite HF config (a vision-language or audio model) builds its text model from one sub-config, the one
 transformers' `PreTrainedConfig.get_text_config(decoder=True)` returns: `decoder`, `generator` or
-`text_config`. Its `vocab_size` is the LM's; the composite's own top-level `vocab_size` (PaliGemma's default
-257152) is unused by the model, and the other sub-configs' sizes (a Q-Former's, a speech decoder's) are separate
-vocabularies with their own tokenizers: listed, never checked or resized against the LM tokenizer.
+`text_config`, else the config itself. That `vocab_size` is the LM's; a composite's own top-level `vocab_size`
+beside a text sub-config (PaliGemma's default 257152) is unused by the model, and the other sub-configs' sizes
+(a Q-Former's, a protein or speech encoder's) are separate vocabularies with their own tokenizers: listed,
+never checked or resized against the LM tokenizer.
 """
 
 from __future__ import annotations
@@ -62,13 +63,20 @@ def _walk(node: Any, path: tuple[Any, ...], seen: set[int], role: str | None) ->
     seen.add(id(node))
     rows_keys = _row_keys(node)
     text = text_config_key(node) if role is None else None
+    composite = role is None and (text is not None or "model_type" in node)
     for key, value in node.items():
         if key in VOCAB_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
             own = "rows" if key in rows_keys else "tokens"
             yield Recorded(path + (key,), value, role or ("unused" if text is not None else own))
         elif isinstance(value, dict):
-            below = role if text is None or key == text else "separate"
-            yield from _walk(value, path + (key,), seen, below)
+            other = composite and key != text and _is_sub_config(key, value)
+            yield from _walk(value, path + (key,), seen, "separate" if other else role)
+
+
+def _is_sub_config(key: Any, value: dict) -> bool:
+    """A model's config nested in another's (`vision_config`, `qformer_config`, `protein_encoder_config`,
+    an encoder-decoder's `encoder`): transformers builds another model from it, with its own vocabulary."""
+    return "model_type" in value or str(key).endswith("_config") or key in ("encoder", "decoder", "generator")
 
 
 def text_config_key(node: dict) -> str | None:

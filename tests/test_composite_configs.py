@@ -48,3 +48,11 @@ def test_two_text_sub_configs_are_ambiguous_and_every_size_is_the_lms():
     """transformers raises for two candidates; ckptfix takes every size as the LM's (CKF115 names a stale one)."""
     extras = {"config": {"text_config": {"vocab_size": 293}, "decoder": {"vocab_size": 293}}}
     assert set(roles(extras).values()) == {"rows"}
+
+
+def test_a_flat_config_with_a_sub_model_keeps_its_own_size_as_the_lms():
+    """Evolla: the LM's size at the top level (get_text_config() is the config itself), a protein encoder's
+    sub-config with its own vocabulary."""
+    extras = {"config": {"model_type": "evolla", "vocab_size": 293,
+                         "protein_encoder_config": {"vocab_size": 446}, "rope_scaling": {"factor": 2}}}
+    assert roles(extras) == {"config.vocab_size": "rows", "config.protein_encoder_config.vocab_size": "separate"}
