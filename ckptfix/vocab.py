@@ -73,16 +73,17 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
     separate = _separate_rows(ckpt)
     rows, widths = _vocab_dims(ckpt, tokenizer_size, set(separate))
     found: dict[str, VocabTensor] = {}
-    _note_separate(ckpt, separate, widths, notes)
+    _note_separate(ckpt, separate, notes)
     if not rows:
         return []
     other_dims = {d for name, t in ckpt.model.items() if not _vocab_shaped(t.shape, rows, widths)
                   for d in t.shape}
     first = True
     for name, t in ckpt.model.items():
-        role = None if _separate_tensor(t, separate, widths) else _role(name, t, rows, widths, other_dims)
+        role = None if _separate_tensor(t, separate) else _role(name, t, rows, widths, other_dims)
         if role is None:
-            if notes is not None and t.is_float and any(d in rows for d in t.shape) and t.shape not in ((), (1,)):
+            if notes is not None and t.is_float and any(d in rows for d in t.shape) and t.shape not in ((), (1,)) \
+                    and not _separate_tensor(t, separate):
                 notes.append(f"{name} {list(t.shape)} has a dimension of the vocab size ({'/'.join(map(str, sorted(rows)))} "
                              "rows) but not in a vocab tensor's place; left alone (ambiguous)")
             continue
@@ -104,16 +105,16 @@ def _separate_rows(ckpt: Checkpoint) -> dict[int, str]:
     return {r.value: f"{r.where} = {r.value}" for r in separate_vocabularies(ckpt.extras) if r.value not in lm}
 
 
-def _separate_tensor(t: TensorInfo, separate: dict[int, str], widths: set[int]) -> bool:
+def _separate_tensor(t: TensorInfo, separate: dict[int, str]) -> bool:
     return bool(separate) and len(t.shape) in (1, 2) and t.shape[0] in separate and t.is_float
 
 
-def _note_separate(ckpt: Checkpoint, separate: dict[int, str], widths: set[int], notes: list[str] | None) -> None:
+def _note_separate(ckpt: Checkpoint, separate: dict[int, str], notes: list[str] | None) -> None:
     """List every separate vocabulary and its tensors: seen and deliberately kept, never resized here."""
     if notes is None:
         return
     for rows, where in separate.items():
-        tensors = [n for n, t in ckpt.model.items() if _separate_tensor(t, {rows: where}, widths)]
+        tensors = [n for n, t in ckpt.model.items() if _separate_tensor(t, {rows: where})]
         held = f"its tensors {', '.join(tensors[:4])}{' ...' if len(tensors) > 4 else ''}" if tensors \
             else "no tensor of the model has its rows"
         notes.append(f"separate vocabulary: {where} (its own tokenizer; {held}): kept, not checked or resized "
@@ -148,7 +149,7 @@ def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None, separate: set[int]
         named = sorted(candidates, key=lambda s: abs(s[0] - tokenizer_size))[:1]
     if not named:  # no embedding to go by: heads by name (their rows are the vocab's)
         named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2 and HEAD_NAMES.search(n)
-                 and not PER_LAYER.search(n)][:1]
+                 and not PER_LAYER.search(n) and t.shape[0] not in separate][:1]
     rows = {s[0] for s in named}
     widths = {s[1] for s in named}
     # a factorised or projected head has another width (ALBERT, DeBERTa-v2's embedding_size): its name says so
