@@ -211,7 +211,9 @@ def _attach(ckpt: Checkpoint, vt: VocabTensor, index) -> None:
     assert ckpt.optimizer is not None
     ps = ckpt.optimizer.state.get(index)
     if ps is not None:
-        vt.moments = {k: t for k, t in ps.tensors.items() if t.shape and len(t.shape) == len(vt.shape)}
+        # shaped like the parameter, or a factored statistic's row factor ((rows,) / (rows, 1): Adafactor, CAME)
+        vt.moments = {k: t for k, t in ps.tensors.items() if t.shape and (
+            len(t.shape) == len(vt.shape) or (len(vt.shape) == 2 and t.shape in ((vt.rows,), (vt.rows, 1))))}
 
 
 def _attach_by_shape(ckpt: Checkpoint, mapping: ParamMapping, unmatched: list[VocabTensor]) -> None:
