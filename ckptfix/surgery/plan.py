@@ -261,7 +261,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
             raise RepairError(f"{ckpt.path}: {v.name} is a view that repeats its storage (strides "
                               f"{list(ckpt.model[v.name].stride or ())}, e.g. from expand()); save it with "
                               ".contiguous() before repairing it")
-    rows = max(v.rows for v in vocab)
+    rows = max(v.token_rows for v in vocab)
     target, why = target_rows(tokenizer.size, rows, pad_to=pad_to_multiple_of,
                               config_vocab=rows if rows in recorded_rows(ckpt.extras) else None,
                               old_tokens=from_tokenizer.size if from_tokenizer is not None else None,
@@ -276,13 +276,14 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
                       keep=tuple(keep), kept=kept)
     plans: dict[int, RowPlan] = {}
     for v in vocab:
-        if v.rows not in plans:
-            plans[v.rows] = _row_plan(v.rows, target, tokenizer, from_tokenizer)
+        if v.token_rows not in plans:
+            plans[v.token_rows] = _row_plan(v.token_rows, target, tokenizer, from_tokenizer)
             if from_tokenizer is None:
-                _renew_untrained_rows(plan, plans[v.rows], report.vocab, v.rows)
+                _renew_untrained_rows(plan, plans[v.token_rows], report.vocab, v.token_rows)
             if init == "pieces":
-                plans[v.rows].pieces = piece_rows(plans[v.rows].source, tokenizer, from_tokenizer, v.rows)
-        rows_plan = plans[v.rows]
+                plans[v.token_rows].pieces = piece_rows(plans[v.token_rows].source, tokenizer, from_tokenizer,
+                                                        v.token_rows)
+        rows_plan = _offset_plan(plan, v, plans[v.token_rows]) if v.offset else plans[v.token_rows]
         if rows_plan.is_identity():
             continue
         tied = any(t.tied_to == v.name for t in report.vocab)
@@ -295,7 +296,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
         _refuse(plan, refused, asked=asked)
     _plan_optimizer(plan)
     _plan_scaler(plan)
-    _plan_recorded(plan, {v.rows for v in vocab if v.role in ("embedding", "head")})
+    _plan_recorded(plan, {v.token_rows for v in vocab if v.role in ("embedding", "head")})
     if ckpt.sections.get("optimizer") == "recipe_state.pt":
         plan.notes.append(f"torchtune's optimizer state ({ckpt.files.get('optimizer')}) is written repaired as "
                           "OUT/recipe_state.pt; torchtune resumes from <output_dir>/recipe_state/recipe_state.pt")
@@ -333,8 +334,8 @@ def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[
         return None, "id", notes
     evidence = data_evidence(tokenizer, rows, report.ckpt.extras.get("config"))
     if evidence:
-        raise RepairError(f"{evidence[0].message}. Pass --from-tokenizer OLD (the tokenizer the checkpoint was "
-                          "trained with) to move rows by token string, or --keep-ids if the ids really are unchanged")
+        raise RepairError(f"{evidence[0].message}. Pass from_tokenizer=OLD (the tokenizer the checkpoint was "
+                          "trained with) to move rows by token string, or keep_ids=True if the ids really are unchanged")
     notes.append(f"rows kept by id: the tokenizer the checkpoint's {rows} rows were trained with is not known, "
                  f"and keeping ids is right only if {tokenizer.path} appends to it; pass --from-tokenizer OLD "
                  "to move rows by token string")
@@ -350,6 +351,22 @@ def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
     plan.recorded = {path: value for path, value in changes.items() if display(path) not in plan.keep}
     for path, value in plan.recorded.items():
         plan.notes.append(f"recorded {'.'.join(map(str, path))} set to {value}")
+
+
+def _offset_plan(plan: RepairPlan, v: Any, lm_plan: RowPlan) -> RowPlan:
+    """The rows of a tensor with `v.offset` rows past the LM vocabulary (Mllama's image-token rows): rows =
+    tokens + offset. Every old row stays at its id (the model addresses its own rows by fixed ids) and the
+    LM's new rows are appended; trailing rows dropped when the LM shrinks are counted like the LM's."""
+    if lm_plan.prefix_rows() is None:
+        raise RepairError(f"{plan.ckpt.path}: {v.name} has {v.offset} rows past the LM vocabulary (the model's own, "
+                          f"rows {v.token_rows}..{v.rows - 1}) and the rows move by token: ckptfix keeps such rows "
+                          "at their ids only when token rows are kept by id; pass --keep-ids if the ids are unchanged")
+    rows_plan = plan_by_id(v.rows, lm_plan.new_rows + v.offset)
+    if not rows_plan.is_identity():
+        plan.notes.append(f"{v.name}: {v.rows} rows = {v.token_rows} token rows + {v.offset} rows of the model's own "
+                          f"past the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (old rows "
+                          f"at their ids, {rows_plan.new} new appended, {rows_plan.dropped} trained row(s) dropped)")
+    return rows_plan
 
 
 def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[Refusal]:
@@ -466,7 +483,7 @@ def _renew_untrained_rows(plan: RepairPlan, rows_plan: RowPlan, vocab: list, row
     """Token ids kept by id on rows that never trained (CKF110: reserved rows at the end of an untied
     embedding, exp_avg_sq exactly 0) get new rows: `--init` applies to them, their moments restart.
     Only when rows are kept by id: with --from-tokenizer a token absent from the old one is new anyway."""
-    starts = [s for s in (never_trained_from(v) for v in vocab if v.rows == rows) if s is not None]
+    starts = [s for s in (never_trained_from(v) for v in vocab if v.token_rows == rows) if s is not None]
     if not starts:
         return
     start = min(starts)
