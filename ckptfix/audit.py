@@ -439,11 +439,12 @@ class _Context:
         if main is None:
             return []
         recorded = recorded_rows(self.ckpt.extras)
+        main_new = next((e.plan.new_rows for e in plan.weights.values() if e.plan.old_rows == main), None)
         out = []
         for name, e in plan.weights.items():
             rows = e.plan.old_rows
-            if rows == main:
-                continue
+            if rows == main or (main_new is not None and e.plan.new_rows - main_new == rows - main):
+                continue  # the LM's rows, or rows past them that the plan keeps past them (an offset)
             what = f"{list(e.source.shape)} {e.source.dtype}"
             if not _near(rows, {main}):
                 out.append(Value(name, what, UNRESOLVED, f"{rows} rows, far from the {main} rows of the LM's vocab: "
