@@ -20,8 +20,8 @@ import base64
 import binascii
 import re
 import zlib
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from ckptfix.tokenizers import (
