@@ -110,7 +110,8 @@ class TorchArchive:
 def _read_at_most(member: Any, size: int, origin: str) -> bytes:
     """A member's bytes, never more than it declares: zipfile's read() of a deflated member inflates the whole
     stream in one call whatever the directory says (a 2 MB stream claiming 1 KB took 2 GB); read(n) inflates n."""
-    chunks, got = [], 0
+    chunks: list[bytes] = []
+    got = 0
     while True:
         chunk = member.read(min(1 << 20, size - got + 1))
         if not chunk:
