@@ -183,6 +183,7 @@ def _refuse_overlaps(archive: TorchArchive, infos: list[zipfile.ZipInfo]) -> Non
     spans.sort()
     for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
         if begin < end:
+            first, second = sorted((first, second))
             raise UnreadableCheckpoint(
                 f"{archive.path}: zip members '{escape(first[:120])}' and '{escape(second[:120])}' overlap in the "
                 "file (one's bytes would be read as the other's); not an archive torch.save writes")
