@@ -179,7 +179,8 @@ def _refuse_overlaps(archive: TorchArchive, infos: list[zipfile.ZipInfo]) -> Non
     spans = []
     for info in infos:
         start = archive._data_start(info)
-        spans.append((info.header_offset, start + info.compress_size, info.filename))
+        if start + info.compress_size <= archive.size:  # a size past the end is named where the member is read
+            spans.append((info.header_offset, start + info.compress_size, info.filename))
     spans.sort()
     for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
         if begin < end:
