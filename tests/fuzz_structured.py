@@ -860,7 +860,7 @@ def grammar_tree(ctx: Ctx) -> list[list[str]]:
         tree["model"]["q.lora_A.weight"] = torch.zeros(8, 8)
     else:
         ns: Any = 1
-        for _ in range(rng.choice([50, 150, 250])):
+        for _ in range(rng.choice([50, 100, 150])):  # torch.save itself recurses ~3 frames per level
             ns = argparse.Namespace(a=ns)
         tree["hyper_parameters"] = {"args": ns}
     out = ctx.work / "in.pth"
