@@ -178,8 +178,10 @@ def test_a_sparse_6_gb_legacy_file_that_cannot_be_mapped_is_one_line(tmp_path):
     path.write_bytes(pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2))
     with open(path, "r+b") as f:
         f.truncate(6 << 30)
-    code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_AS, (resource.getrusage(resource.RUSAGE_SELF)"
-            ".ru_maxrss * 1024 + (3 << 30),) * 2); from ckptfix.cli import main; main(['inspect', sys.argv[1]])")
+    # the limit is set after the imports, from the address space they took (VmSize), leaving 3 GB: less than the map
+    code = ("import re, resource, sys; from ckptfix.cli import main; "
+            "size = int(re.search(r'VmSize:\\s+(\\d+)', open('/proc/self/status').read()).group(1)) << 10; "
+            "resource.setrlimit(resource.RLIMIT_AS, (size + (3 << 30),) * 2); main(['inspect', sys.argv[1]])")
     r = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
