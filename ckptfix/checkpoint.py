@@ -199,6 +199,11 @@ def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
 
 
 def _read_numpy(tensor: TensorInfo) -> np.ndarray:
+    if tensor.numel == 0:  # no bytes to map; numpy refuses some empty shapes torch allows ((0, 2**62): "too big")
+        try:
+            return np.empty(tensor.shape, dtype=tensor.read_dtype())
+        except ValueError:
+            return np.empty(0, dtype=tensor.read_dtype())  # the same zero values; the shape stays in TensorInfo
     storage = _mapped_storage(tensor)
     stride = tensor.stride if tensor.stride is not None else tensor.contiguous_stride()
     last = tensor.offset + sum((d - 1) * s for d, s in zip(tensor.shape, stride)) if tensor.numel else 0
@@ -223,6 +228,17 @@ def collapse_repeats(array: np.ndarray, keep: tuple[int, ...] | None = None) -> 
         else:
             index.append(slice(None))
     return (array[tuple(index)], weight) if weight > 1 else (array, 1)
+
+
+def distinct_stored(array: np.ndarray) -> tuple[np.ndarray, int]:
+    """The storage elements a view addresses, each once, and how many view elements each stands for (exact for
+    stride-0 dimensions; for an overlapping view, the span it covers with weight 1). A 4M x 64 view of one
+    64-value row costs 64 values: a walk of its elements would be a tree walk of a DAG."""
+    values, weight = collapse_repeats(array)
+    if overlaps_itself(values):
+        span = sum((d - 1) * s for d, s in zip(values.shape, values.strides)) // values.itemsize + 1
+        values, weight = np.lib.stride_tricks.as_strided(values, (span,), (values.itemsize,), writeable=False), 1
+    return values, weight
 
 
 def overlaps_itself(array: np.ndarray) -> bool:

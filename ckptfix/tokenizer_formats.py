@@ -18,12 +18,21 @@ from __future__ import annotations
 import ast
 import base64
 import binascii
+import io
 import re
 import zlib
 from pathlib import Path
 from typing import Any
 
-from ckptfix.tokenizers import MAX_VOCAB, TokenizerInfo, decode_text, require, tokenizer_error
+from ckptfix.tokenizers import (
+    MAX_VOCAB,
+    SPARSE_IDS_ALLOWED,
+    TokenizerInfo,
+    decode_text,
+    require,
+    require_dense,
+    tokenizer_error,
+)
 
 # Decompressed size limit for a gzip'd vocabulary (CLIP's is 1.6 MB).
 MAX_GZIP_TEXT = 64 << 20
@@ -83,6 +92,7 @@ def parse_tiktoken_ranks(path: Path, data: bytes) -> list[str | None]:
         except (binascii.Error, ValueError):
             raise tokenizer_error(path, f"line {number}: bad base64 token") from None
     require(bool(ranks) and max(ranks) < MAX_VOCAB, path, "empty or implausible tiktoken rank file")
+    require_dense(path, "tiktoken ranks", max(ranks) + 1, len(ranks))
     base: list[str | None] = [None] * (max(ranks) + 1)
     for rank, raw in ranks.items():
         base[rank] = byte_token(raw)
@@ -177,10 +187,17 @@ def load_tekken(path: Path, doc: dict) -> TokenizerInfo:
         require(isinstance(listed, list) and all(isinstance(t, dict) for t in listed), path, "bad special_tokens")
         names = [str(t.get("token_str")) for t in listed]
     require(len(names) <= n_special, path, "more special tokens than default_num_special_tokens")
-    names += [f"<SPECIAL_{i}>" for i in range(len(names), n_special)]
     inner = size - n_special
+    vocab = doc["vocab"]
+    # Sized from what the file holds, never from its claims: the ranks must be there, and the fillers
+    # Tekkenizer makes up to default_num_special_tokens are few (Mistral's files: 1000 specials in all).
+    require(isinstance(vocab, list) and len(vocab) >= inner, path, "tekken vocab has fewer ranks than its vocab size")
+    require(n_special - len(names) <= SPARSE_IDS_ALLOWED, path,
+            f"tekken config: default_num_special_tokens {n_special:,} with {len(names):,} listed; "
+            "not a tekken.json (Mistral's have 1,000)")
+    names += [f"<SPECIAL_{i}>" for i in range(len(names), n_special)]
     base: list[str | None] = [None] * size
-    for entry in doc["vocab"]:
+    for entry in vocab:
         rank = entry.get("rank") if isinstance(entry, dict) else None
         require(isinstance(rank, int) and rank >= 0, path, "tekken vocab entry without a rank")
         if rank < inner:
@@ -208,9 +225,16 @@ def looks_like_merges(text: str) -> bool:
 def load_merges(path: Path, text: str) -> TokenizerInfo:
     """A GPT-2 `vocab.bpe` / `merges.txt` alone: ids as tiktoken's data_gym_to_mergeable_bpe_ranks gives them
     (256 byte tokens, then one per merge) plus <|endoftext|>: GPT-2's 50000 merges -> 50257."""
-    merges = [line.split(" ") for line in text.split("\n")[1:] if line]
-    require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
-    base: list[str | None] = [*BYTE_ALPHABET, *("".join(m) for m in merges)]
+    require(text.count("\n") < MAX_VOCAB - len(BYTE_ALPHABET), path, "merges: more merges than any vocabulary holds")
+    base: list[str | None] = list(BYTE_ALPHABET)
+    lines = io.StringIO(text)  # one line at a time: a list of split lines cost 60x the file (767 MB for 12 MB)
+    next(lines, None)  # the "#version" line
+    for line in lines:
+        line = line[:-1] if line.endswith("\n") else line
+        if line:
+            left, space, right = line.partition(" ")
+            require(bool(space) and " " not in right, path, "merges: expected two symbols per line")
+            base.append(left + right)
     return build_info(path, "gpt2-bpe", base, {len(base): "<|endoftext|>"})
 
 
@@ -238,6 +262,9 @@ def load_clip_bpe(path: Path, data: bytes) -> TokenizerInfo:
 _RWKV_LINE = re.compile(r"([0-9]+) ([bB]?(?:'.*'|\".*\")) ([0-9]+)")
 
 
+MAX_RWKV_TOKEN = 256  # bytes; RWKV's world vocab's longest token is 128
+
+
 def looks_like_rwkv(text: str) -> bool:
     return bool(_RWKV_LINE.fullmatch(text.split("\n", 1)[0].rstrip("\r")))
 
@@ -253,14 +280,18 @@ def load_rwkv(path: Path, text: str) -> TokenizerInfo:
         match = _RWKV_LINE.fullmatch(line)
         require(match is not None, path, f"line {number}: not 'id token length'")
         assert match is not None
+        # The longest token in RWKV's world vocab is 128 bytes (a repr of at most 4 characters per byte);
+        # a longer literal is refused unparsed: the parser's memory and stack grow with its nesting.
+        require(len(match.group(2)) <= 4 * MAX_RWKV_TOKEN + 3, path, f"line {number}: token literal too long")
         try:
             value = ast.literal_eval(match.group(2))
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
             raise tokenizer_error(path, f"line {number}: bad token literal") from None
         raw = value.encode("utf-8") if isinstance(value, str) else value
         require(isinstance(raw, bytes) and len(raw) == int(match.group(3)), path, f"line {number}: length mismatch")
         tokens[int(match.group(1))] = byte_token(raw)
     require(bool(tokens) and max(tokens) < MAX_VOCAB, path, "empty or implausible RWKV vocab")
+    require_dense(path, "RWKV vocab", max(tokens) + 1, len(tokens))
     base: list[str | None] = [None] * (max(tokens) + 1)
     for token_id, token in tokens.items():
         base[token_id] = token

@@ -26,7 +26,7 @@ from ckptfix.formats.pickle_safe import (
     global_name,
     globals_in_pickle,
 )
-from ckptfix.io import BackgroundHash, atomic_file, backup_path, output_target
+from ckptfix.io import BackgroundHash, atomic_file, backup_path, check_output_path, output_target
 
 
 @dataclass
@@ -73,6 +73,9 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
     if dry_run:
         return result
     out, in_place = output_target(source, out, force=force)
+    # everything that could refuse OUT is checked before it is written (a sidecar name too long, OUT inside the
+    # input's folder...): a refusal after the replace would leave OUT behind on an exit 2
+    check_output_path(source, out, force=force, sidecar=not isinstance(new_tree, dict))
     hasher = BackgroundHash(source)
     try:
         # not final: the record with a placeholder hash of the same length (the writer pickles it twice)
@@ -81,7 +84,6 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
                                                      conv.conversions))
     finally:
         hasher.release()
-    _verify(out)
     return result
 
 
@@ -133,6 +135,7 @@ def _write(source: str, out: str, tree: Any, conv: Converter, locate_for: Any, a
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=source, backup=in_place) as f:
         torch_save.write(f, tree, source_for, prefix=prefix, finish=finish, version=version)
+        _verify(f, out, prefix)  # before the temporary file becomes OUT: a refusal leaves nothing
     if not isinstance(tree, dict):
         import json
 
@@ -141,10 +144,13 @@ def _write(source: str, out: str, tree: Any, conv: Converter, locate_for: Any, a
     return backup
 
 
-def _verify(out: str) -> None:
-    """The written pickle names only globals torch's weights-only unpickler accepts by default."""
-    archive = torch_file.open_archive(out)
-    data = archive.read_member("data.pkl") or b""
+def _verify(f: Any, out: str, prefix: str) -> None:
+    """The written pickle (in the temporary file `f`) names only globals torch's weights-only unpickler accepts."""
+    import zipfile
+
+    f.flush()
+    with zipfile.ZipFile(f) as archive:  # our own output, just written
+        data = archive.read(f"{prefix}/data.pkl")
     refused = [g for g in globals_in_pickle(data) if torch_refuses(g)]
     if refused:
         raise RepairError(f"internal: {out} still names {', '.join(refused)}")

@@ -568,7 +568,10 @@ def _prescan(data: bytes, origin: str) -> None:
     the C unpickler allocate far more than the pickle holds: a memo index beyond the pickle's size (its
     memo array is grown and zero-filled to the index: 16 GB for one 6-byte LONG_BINPUT) and an
     argument length running past the end.
-    A damaged stream just ends the walk: the unpickler then reports the damage.
+    The walk models the C unpickler's stack exactly (POP on an empty mark pops the mark, as protocol 0's
+    recursive tuples do); where its model runs out (a stack underflow) the stream is refused, never left
+    unwalked: a walk that stopped early would let what follows reach the unpickler unchecked. An unknown
+    opcode ends the walk: the unpickler stops at the same byte.
 
     Speed (it runs on every pickle read, ~0.2 us per opcode): ops that only push one plain item (most of a
     state dict: keys, ints, floats, None) take a fast path through two flat tables; runs of MARK (a deep
@@ -619,6 +622,10 @@ def _prescan(data: bytes, origin: str) -> None:
                 return
             action, size, name, has_mark, below, pushed = spec
             at = i + 1
+            if code == 0x30 and marks and marks[-1] == len(stack):  # POP with nothing above the mark pops the mark
+                marks.pop()
+                i = at
+                continue
             if action == _A_MARK:  # a run of MARKs in one step
                 i = at
                 while data[i:i + 1] == b"(":
@@ -654,7 +661,7 @@ def _prescan(data: bytes, origin: str) -> None:
                     del stack[marks.pop():]
                 if below:
                     if below > len(stack):
-                        return
+                        raise _Underflow
                     del stack[-below:]
                 if pushed == 1:
                     push(1)
@@ -667,7 +674,7 @@ def _prescan(data: bytes, origin: str) -> None:
                 else:
                     m = len(stack) - (action - 1)
                     if m < 0:
-                        return
+                        raise _Underflow
                 items = stack[m:]
                 del stack[m:]
                 weight, depth = 1, 1
@@ -705,6 +712,9 @@ def _prescan(data: bytes, origin: str) -> None:
                 return
             elif action in (_A_LONG_BINARY, _A_LONG_TEXT):
                 digits = i - at
+                if action == _A_LONG_TEXT and digits > 320:  # wider than 1023 bits whatever the digits; never
+                    raise UnreadableCheckpoint(  # converted (int() refuses 4300 digits, and is quadratic below)
+                        f"{origin}: pickle holds an integer of {digits - 1:,} digits; no checkpoint value is that wide")
                 if digits > (127 if action == _A_LONG_BINARY else 300):
                     value = from_bytes(data[at:i], "little", signed=True) if action == _A_LONG_BINARY else int(data[at:i - 1].rstrip(b"L"))
                     if value.bit_length() > MAX_INT_BITS:
@@ -728,7 +738,7 @@ def _prescan(data: bytes, origin: str) -> None:
                     del stack[m:]
                     if name in ("ADDITEMS", "SETITEMS"):
                         if not stack:
-                            return
+                            raise _Underflow
                         stack.pop()
                     stack.append(1)
                 budget -= sum(item[0] if item.__class__ is tuple else 1 for item in hashed)
@@ -738,11 +748,16 @@ def _prescan(data: bytes, origin: str) -> None:
                         "(a memo bomb); not a checkpoint")
     except UnreadableCheckpoint:
         raise
-    except Exception:  # a damaged stream (stack underflow, bad memo key, ...): the unpickler reports it
-        return
+    except Exception:  # the model ran out (stack or marks underflow, a text argument that is not a number)
+        raise UnreadableCheckpoint(f"{origin}: corrupt pickle (unpickling stack underflow or a malformed "
+                                   f"argument at byte {i})") from None
     if i > n:  # the fast path's last fixed-size argument ran past the end: name its op as the slow path does
         name = next((table[data[j]][2] for j in range(max(0, n - 9), n) if j + fixed[data[j]] == i), "last")
         raise UnreadableCheckpoint(f"{origin}: corrupt pickle (a {name} argument runs past the end; truncated?)")
+
+
+class _Underflow(Exception):
+    """`_prescan`'s stack model ran out where the C unpickler's would too."""
 
 
 class _HashBudget:

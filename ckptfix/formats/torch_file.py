@@ -18,6 +18,7 @@ from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
 from ckptfix.formats.pickle_safe import MAX_PICKLE_BYTES, load_pickle, pickle_end
+from ckptfix.untrusted import escape
 
 try:
     from lzma import LZMAError as _LZMAError
@@ -99,11 +100,27 @@ class TorchArchive:
             raise UnreadableCheckpoint(f"{self.path}: {suffix} inflates {info.compress_size:,} bytes to "
                                        f"{info.file_size:,}; refusing to inflate it (a zip bomb?)")
         try:
-            with zipfile.ZipFile(self.path) as zf:
-                return zf.read(info)
+            with zipfile.ZipFile(self.path) as zf, zf.open(info) as member:
+                return _read_at_most(member, info.file_size, f"{self.path}: {suffix}")
         except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError,
                 zlib.error, _LZMAError) as exc:  # zlib/lzma: a corrupt compressed member
             raise UnreadableCheckpoint(f"{self.path}: cannot read {suffix}: {exc}") from None
+
+
+def _read_at_most(member: Any, size: int, origin: str) -> bytes:
+    """A member's bytes, never more than it declares: zipfile's read() of a deflated member inflates the whole
+    stream in one call whatever the directory says (a 2 MB stream claiming 1 KB took 2 GB); read(n) inflates n."""
+    chunks: list[bytes] = []
+    got = 0
+    while True:
+        chunk = member.read(min(1 << 20, size - got + 1))
+        if not chunk:
+            return b"".join(chunks)
+        got += len(chunk)
+        if got > size:
+            raise UnreadableCheckpoint(f"{origin}: inflates to more than the {size:,} bytes its zip entry declares; "
+                                       "corrupt or hostile archive")
+        chunks.append(chunk)
 
 
 def sniff(head: bytes) -> str | None:
@@ -122,6 +139,10 @@ def open_archive(path: str) -> TorchArchive:
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error, NotImplementedError, OverflowError) as exc:
         # NotImplementedError: a damaged "version needed to extract" field ("zip file version 6.4")
         raise UnreadableCheckpoint(f"{path}: not a readable zip archive ({exc}); truncated or corrupt?") from None
+    nul = next((i.orig_filename for i in infos if "\x00" in i.orig_filename), None)
+    if nul is not None:  # Python's zipfile cuts the name at the NUL, torch's miniz does not: they read different members
+        raise UnreadableCheckpoint(f"{path}: zip member name '{escape(nul[:120])}' holds a NUL byte; Python and "
+                                   "torch.load's zip reader would read different members; refusing it")
     names = [i.filename for i in infos]
     pkl = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
     # torch.jit.save archives hold a data.pkl too (of __torch__ classes): tell them apart first.
@@ -146,7 +167,38 @@ def open_archive(path: str) -> TorchArchive:
         if info.filename in members:
             duplicates.append(info.filename)
         members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
-    return TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    archive = TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    _refuse_overlaps(archive, infos)
+    _refuse_big_endian(archive)
+    return archive
+
+
+def _refuse_overlaps(archive: TorchArchive, infos: list[zipfile.ZipInfo]) -> None:
+    """No zip writer lays two members over the same bytes; torch.load would read one record's bytes as another's
+    tensor without a word (measured: a central directory pointing data/1 at data/0 loads both as data/0's values)."""
+    spans = []
+    for info in infos:
+        start = archive._data_start(info)
+        if start + info.compress_size <= archive.size:  # a size past the end is named where the member is read
+            spans.append((info.header_offset, start + info.compress_size, info.filename))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            first, second = sorted((first, second))
+            raise UnreadableCheckpoint(
+                f"{archive.path}: zip members '{escape(first[:120])}' and '{escape(second[:120])}' overlap in the "
+                "file (one's bytes would be read as the other's); not an archive torch.save writes")
+
+
+def _refuse_big_endian(archive: TorchArchive) -> None:
+    """torch.load byte-swaps the records of a big-endian archive; ckptfix reads records as little-endian values,
+    so it would scan, compare and rewrite every value wrongly: it refuses the archive instead."""
+    order = archive.read_member("byteorder")
+    if order is not None and order.strip() != b"little":
+        shown = escape(order[:20].decode("latin-1"))
+        raise UnreadableCheckpoint(
+            f"{archive.path}: archive byteorder is '{shown}', not 'little'; ckptfix reads little-endian records only. "
+            "Load it with torch.load and save it again on this machine to convert it.")
 
 
 def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, TorchArchive | None]:
@@ -175,8 +227,14 @@ def _load_legacy(path: str, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
     The file is mapped, never read whole: only the pickles at its head are copied out (each bounded by
     MAX_PICKLE_BYTES), and each storage costs an 8-byte pread of its size; its bytes stay in the file.
     A plain map, not `file_map`'s: finding a pickle's end indexes it byte by byte, in C."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return _read_legacy_stream(path, data, f.fileno(), opaque)
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError, OverflowError) as exc:  # ENOMEM: a (sparse) file larger than the address space left
+            raise UnreadableCheckpoint(f"{path}: cannot map the legacy stream ({exc}); "
+                                       f"a file of {os.fstat(f.fileno()).st_size:,} bytes") from None
+        with data:
+            return _read_legacy_stream(path, data, f.fileno(), opaque)
 
 
 def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
