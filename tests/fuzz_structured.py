@@ -814,12 +814,33 @@ def _data_ops(rng: random.Random) -> bytes:
     return (_g("argparse", "Namespace") + b")\x81}" + _u("a")) * depth + b"K\x01" + b"sb" * depth
 
 
+_CODE_CLASSES = [("subprocess", "Popen"), ("builtins", "object"), ("argparse", "Namespace"), ("numpy", "ndarray"),
+                 ("posix", "system"), ("numpy", "memmap"), ("pathlib", "PosixPath"), ("builtins", "eval")]
+
+
+def _code_call_ops(rng: random.Random) -> bytes:
+    """Calls the data list names, given what its reasons do not assume (issue 28 item 1): copyreg's
+    `_reconstructor(cls, base, state)` with any class and base, NEWOBJ of a class with arguments
+    (`cls.__new__(cls, *args)`), a data call given a class or a function as argument."""
+    cls, base = _g(*rng.choice(_CODE_CLASSES)), _g(*rng.choice(_CODE_CLASSES))
+    state = rng.choice([b"N", b"](" + _u("touch") + _u("/nonexistent/x") + b"e", _u("f8"), b"K\x01"])
+    kind = rng.random()
+    if kind < 0.4:
+        return _g("copyreg", "_reconstructor") + b"(" + cls + base + state + b"tR"
+    if kind < 0.7:
+        return cls + b"(" + state + _u("w+") + b"t\x81"  # NEWOBJ
+    target = rng.choice([("pathlib", "PosixPath"), ("numpy", "dtype"), ("collections", "defaultdict"),
+                         ("datetime", "timedelta"), ("collections", "deque")])
+    return _g(*target) + b"(" + cls + b"tR"
+
+
 def _hostile_entry(rng: random.Random) -> bytes:
     """`key value SETITEM` ops for the top dict: a hostile key, or a hostile value under a plain key."""
     kind = rng.random()
-    if kind < 0.35:
+    if kind < 0.3:
         return _deep_key_ops(rng) + b"K\x01s"
-    value = _big_digits_ops(rng) if kind < 0.55 else _claim_ops(rng) if kind < 0.8 else _data_ops(rng)
+    value = (_big_digits_ops(rng) if kind < 0.45 else _claim_ops(rng) if kind < 0.65 else _data_ops(rng)
+             if kind < 0.8 else _code_call_ops(rng))
     return _u("extra") + value + b"s"
 
 
@@ -1042,11 +1063,73 @@ def grammar_tokenizer(ctx: Ctx) -> list[list[str]]:
     return _tok_commands(ctx, out)
 
 
-# Per format, its productions (the lead's classes of items 1-4 join here: copyreg calls in "pickle", links
-# inside folders in "hf"/"dcp", restore lists in a format of their own).
+# The names an in-place repair writes or keeps (issue 28 item 2): a link planted under one must never be written
+# through. Folders named `out*` are not watched (an in-place repair changes them by design); `elsewhere/`, the
+# links' targets, is.
+_IN_PLACE_NAMES = ["ckptfix.json", "ckptfix.json.ckptfix-tmp", "ckptfix-restore.json",
+                   "ckptfix-restore.json.ckptfix-tmp", ".metadata.ckptfix-bak", "..metadata.ckptfix-tmp",
+                   "model.safetensors.index.json.ckptfix-tmp", "config.json.ckptfix-bak", "__ckptfix0_0.distcp",
+                   ".__ckptfix0_0.distcp.metadata", "tokenizer.model"]
+
+
+def grammar_links(ctx: Ctx) -> list[list[str]]:
+    """A DCP or HF folder with links planted under the names an in-place repair uses, or a data file replaced by
+    a link out of the folder; repaired in place (then restored), into a new folder, and inspected."""
+    rng = ctx.rng
+    kind = rng.choice(["dcp", "hf"])
+    folder = ctx.work / "out_inplace"
+    _copy_folder(ctx.seeds[kind], folder)
+    outside = ctx.work / "elsewhere"
+    outside.mkdir(exist_ok=True)
+    for name in rng.sample(_IN_PLACE_NAMES, rng.randint(1, 4)):
+        target = outside / f"victim-{len(list(outside.iterdir()))}"
+        target.write_bytes(b"precious")
+        if not os.path.lexists(folder / name):
+            os.symlink(rng.choice([str(target), "/dev/zero", "../elsewhere", "missing"]), folder / name)
+    if rng.random() < 0.3:  # a file the reader needs, moved out and linked back
+        data = rng.choice([p for p in folder.iterdir() if p.is_file() and not p.is_symlink()])
+        shutil.move(data, outside / data.name)
+        os.symlink(outside / data.name, data)
+    tok = str(ctx.seeds["sentencepiece"])
+    return [["inspect", str(folder)], ["repair", str(folder), "-t", tok, "--in-place", "--keep-ids"],
+            ["restore", str(folder)], ["repair", str(folder), "-t", tok, "-o", str(ctx.work / "out")]]
+
+
+def grammar_restore(ctx: Ctx) -> list[list[str]]:
+    """`ckptfix restore` of a folder whose restore list is mutated, typed wrong, a link or a FIFO, or names
+    files outside, a referenced data file, escapes (issue 28 item 4)."""
+    rng = ctx.rng
+    folder = ctx.work / "out_restore"
+    _copy_folder(ctx.seeds["dcp"], folder)
+    data = sorted(p.name for p in folder.iterdir() if p.name.endswith(".distcp"))
+    shutil.copy(folder / ".metadata", folder / ".metadata.ckptfix-bak")
+    doc: Any = {"switch": ".metadata", "backups": {".metadata": ".metadata.ckptfix-bak"},
+                "added": rng.sample(data, min(len(data), rng.randint(0, 2)))}
+    extra = rng.choice(["../elsewhere/victim", "a\x00b", "\x1b[31m", "x" * 300, ".", "..", "/etc/hostname", 7, None])
+    if rng.random() < 0.5:
+        doc["added"].append(extra)
+    if rng.random() < 0.5:
+        doc = mutate_json(doc, rng)
+    record = folder / "ckptfix-restore.json"
+    form = rng.random()
+    if form < 0.1:
+        os.symlink(rng.choice(["/dev/zero", "../elsewhere/victim", "missing"]), record)
+    elif form < 0.15:
+        os.mkfifo(record)
+    else:
+        record.write_text(json.dumps(doc) if rng.random() < 0.9 else "[" * 100_000)
+    outside = ctx.work / "elsewhere"
+    outside.mkdir(exist_ok=True)
+    (outside / "victim").write_bytes(b"precious")
+    return [["restore", str(folder)]]
+
+
+# Per format, its productions: copyreg calls ride in the pickle entries (`_code_call_ops`), links inside
+# folders in "hf"/"dcp", restore lists with "dcp".
 GRAMMAR: dict[str, list[Callable[[Ctx], list[list[str]]]]] = {
     "pickle": [grammar_pickle], "tree": [grammar_tree], "zip": [grammar_zip], "safetensors": [grammar_safetensors],
-    "dcp": [grammar_dcp], "deepspeed": [grammar_tree], "hf": [grammar_hf], "sentencepiece": [grammar_tokenizer],
+    "dcp": [grammar_dcp, grammar_links, grammar_restore], "deepspeed": [grammar_tree],
+    "hf": [grammar_hf, grammar_links], "sentencepiece": [grammar_tokenizer],
     "tokenizer_json": [grammar_tokenizer], "tokenizer_folder": [grammar_tokenizer],
 }
 
@@ -1210,6 +1293,8 @@ def problems(r: dict[str, Any], input_bytes: int) -> list[str]:
         found.append(f"input changed: {r['changed'][:3]}")
     if r["stray"]:
         found.append(f"stray files: {r['stray'][:3]}")
+    if re.search(r"add_safe_globals\(\[[^]]*\b(_reconstructor|Popen|system|eval|memmap)\b", r["stdout"]):
+        found.append("an add_safe_globals line names code")
     if r["code"] == 2 and len(r["stderr"].strip().splitlines()) != 1:
         found.append("exit 2 without exactly one error line")
     if r["code"] == 2 and not _error_stdout_ok(r):
