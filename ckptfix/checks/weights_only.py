@@ -37,16 +37,21 @@ def weights_only_refuses(ctx: Context) -> Iterator[Finding]:
     from ckptfix.formats.data_globals import add_safe_globals_line
 
     refusing = [u for u in _uses(ctx) if u.torch_refuses]
-    if not refusing:
-        return
     names = sorted({g for u in refusing for g in u.torch_refuses})
+    # globals no object in the tree shows (a tensor subclass given to `_rebuild_from_type_v2`), and opcodes
+    others = [r for r in ctx.ckpt.weights_only_refusals if r.removeprefix("global ") not in names]
+    opcodes = [r for r in others if r.startswith("opcode ")]
+    names += [r.removeprefix("global ") for r in others if r.startswith("global ")]
+    if not names and not opcodes:
+        return
     listed = "; ".join(f"{u.path} ({u.cls}{_fields(u.fields)})" for u in refusing[:MAX_LISTED])
     more = f"; and {len(refusing) - MAX_LISTED} more" if len(refusing) > MAX_LISTED else ""
     convertible = all(u.convertible for u in refusing)
     fix = (f"{convert_command(ctx.ckpt.path)} (plain values, listed in the output's record); "
-           if convertible else "") + f"or, if you trust the file: {add_safe_globals_line(names)}"
-    yield finding("CKF704", f"torch.load(weights_only=True) refuses this file because of: {', '.join(names)}; "
-                  f"at {listed}{more}",
+           if convertible else "") + (f"or, if you trust the file: {add_safe_globals_line(names)}" if names else
+                                      "or re-save it with torch.save's default pickle_protocol=2")
+    yield finding("CKF704", f"torch.load(weights_only=True) refuses this file because of: "
+                  f"{', '.join(names + opcodes)}" + (f"; at {listed}{more}" if listed else ""),
                   pytorch="torch.load() raises 'Weights only load failed ... Unsupported global'. weights_only=False "
                   "(or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) would run the pickle; ckptfix read it without importing "
                   "or calling anything: these objects are data.", fix=fix)

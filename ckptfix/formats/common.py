@@ -40,6 +40,8 @@ def iter_tensor_refs(tree: Any) -> Iterator[TensorRef]:
             yield node
             if node.quantizer:
                 yield from (p for p in node.quantizer if isinstance(p, TensorRef))
+        elif isinstance(node, RebuiltTensor):  # a sparse or nested tensor's components
+            yield from node.parts
 
 
 def is_state_dict(value: Any) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import MAX_PICKLE_BYTES, load_pickle, pickle_end
+from ckptfix.formats.pickle_safe import MAX_PICKLE_BYTES, StorageRef, load_pickle, pickle_end
 
 try:
     from lzma import LZMAError as _LZMAError
@@ -40,6 +40,7 @@ class TorchArchive:
     members: dict[str, zipfile.ZipInfo]
     duplicates: list[str]
     size: int
+    big_endian: bool = False  # the `byteorder` record says "big" (see `byte_order`)
 
     def record_range(self, key: str) -> ByteRange:
         info = self.members.get(f"{self.prefix}/data/{key}")
@@ -52,7 +53,7 @@ class TorchArchive:
         start = self._data_start(info)
         if start + info.file_size > self.size:
             raise UnreadableCheckpoint(f"{self.path}: record data/{key} runs past the end of the file (truncated?)")
-        return ByteRange(self.path, start, info.file_size)
+        return ByteRange(self.path, start, info.file_size, self.big_endian)
 
     def _data_start(self, info: zipfile.ZipInfo) -> int:
         mapped = file_map(self.path)
@@ -146,11 +147,31 @@ def open_archive(path: str) -> TorchArchive:
         if info.filename in members:
             duplicates.append(info.filename)
         members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
-    return TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    archive = TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    archive.big_endian = byte_order(archive) == "big"
+    return archive
 
 
-def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, TorchArchive | None]:
-    """Unpickle a torch file with the allowlist: the tree, how to find each storage, the archive."""
+def byte_order(archive: TorchArchive) -> str:
+    """The archive's `byteorder` record (torch >= 2.1 writes the saving machine's `sys.byteorder`). Without
+    one, torch.load assumes the loading machine's order (`get_default_load_endianness()` NATIVE), that is
+    little on every machine ckptfix runs on; any other value torch.load refuses ("Unknown endianness")."""
+    info = archive.members.get(f"{archive.prefix}/byteorder")
+    if info is None:
+        return "little"
+    if info.file_size > 16:
+        raise UnreadableCheckpoint(f"{archive.path}: byteorder record of {info.file_size} bytes; torch.load refuses it")
+    value = archive.read_member("byteorder")
+    if value not in (b"little", b"big"):
+        raise UnreadableCheckpoint(f"{archive.path}: byteorder record {value!r} is neither 'little' nor 'big'; "
+                                   "torch.load refuses it too")
+    return value.decode()
+
+
+def load(path: str, *, opaque: bool = False,
+         refusals: list[str] | None = None) -> tuple[Any, common.Locator, TorchArchive | None]:
+    """Unpickle a torch file with the allowlist: the tree, how to find each storage, the archive.
+    `refusals` receives why torch.load(weights_only=True) refuses the pickle (`pickle_safe.load_pickle`)."""
     from ckptfix.formats import open_regular
 
     try:
@@ -161,25 +182,26 @@ def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, Torch
     kind = sniff(head)
     if kind == "torch-zip":
         archive = open_archive(path)
-        tree = load_pickle(archive.read_member("data.pkl") or b"", path, opaque=opaque)
+        tree = load_pickle(archive.read_member("data.pkl") or b"", path, opaque=opaque, refusals=refusals)
         return tree, lambda storage: (lambda: archive.record_range(storage.key)), archive
     if kind == "torch-legacy":
-        tree, ranges = _load_legacy(path, opaque)
+        tree, ranges = _load_legacy(path, opaque, refusals)
         return tree, lambda storage: (lambda: _legacy_range(path, ranges, storage.key)), None
     raise UnreadableCheckpoint(f"{path}: not a torch.save file")
 
 
-def _load_legacy(path: str, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
+def _load_legacy(path: str, opaque: bool, refusals: list[str] | None = None) -> tuple[Any, dict[str, ByteRange]]:
     """The pre-1.6 stream: magic, protocol, sys info, the object, storage keys, then raw storages.
 
     The file is mapped, never read whole: only the pickles at its head are copied out (each bounded by
     MAX_PICKLE_BYTES), and each storage costs an 8-byte pread of its size; its bytes stay in the file.
     A plain map, not `file_map`'s: finding a pickle's end indexes it byte by byte, in C."""
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return _read_legacy_stream(path, data, f.fileno(), opaque)
+        return _read_legacy_stream(path, data, f.fileno(), opaque, refusals)
 
 
-def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
+def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool,
+                        refusals: list[str] | None = None) -> tuple[Any, dict[str, ByteRange]]:
     try:
         stream = _PickleStream(data)
         # opaque too: with --trust-pickle an arbitrary pickle is then "not a torch.save file", not "refused"
@@ -187,11 +209,13 @@ def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool) -> tu
             raise UnreadableCheckpoint(f"{path}: a pickle, but not a torch.save file (no torch magic number)")
         stream.next(path)  # protocol version
         stream.next(path)  # sys info
-        tree = stream.next(path, opaque=opaque)
+        tree = stream.next(path, opaque=opaque, refusals=refusals)
         keys = stream.next(path)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint (storage keys are not a list of names)")
+        # element sizes: every storage a tensor uses, and storages saved on their own (a bare FloatStorage)
         storages = {ref.storage.key: ref.storage for ref in common.iter_tensor_refs(tree)}
+        storages.update((s.key, s) for s in common.iter_leaves(tree) if isinstance(s, StorageRef))
         ranges, pos = {}, stream.pos
         for key in keys:
             (numel,) = struct.unpack("<q", os.pread(fd, 8, pos))
@@ -214,19 +238,21 @@ class _PickleStream:
     def __init__(self, data: Any):
         self.data, self.pos = data, 0
 
-    def next(self, origin: str, opaque: bool = False) -> Any:
+    def next(self, origin: str, opaque: bool = False, refusals: list[str] | None = None) -> Any:
         end = pickle_end(self.data, self.pos, origin)
         if end - self.pos > MAX_PICKLE_BYTES:
             raise UnreadableCheckpoint(f"{origin}: pickle of {end - self.pos} bytes is implausibly large")
         chunk = self.data[self.pos:end]
         self.pos = end
-        return load_pickle(chunk, origin, opaque=opaque)
+        return load_pickle(chunk, origin, opaque=opaque, refusals=refusals)
 
 
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Read a `torch.save` file into the checkpoint model (metadata only)."""
-    tree, locate_for, archive = load(path, opaque=trust_pickle)
+    refusals: list[str] = []
+    tree, locate_for, archive = load(path, opaque=trust_pickle, refusals=refusals)
     ckpt = common.checkpoint_from_tree(path, "torch", tree, locate_for)
+    ckpt.weights_only_refusals = refusals
     if archive is not None and archive.duplicates:
         ckpt.notes.append(f"duplicate zip member names (torch.load may read either copy): {', '.join(archive.duplicates[:5])}")
     ckpt.handle = archive

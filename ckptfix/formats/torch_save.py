@@ -371,7 +371,7 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
         zw.write_bytes(name, data)
         return
     assert source.copy_from is not None  # a StorageSource has a producer or a source range
-    where = source.copy_from()
+    where = _little_endian(source.copy_from())
     if where.length < storage.nbytes:
         raise RepairError(f"source record for storage {storage.key} is shorter than the storage")
     crc = source.crc
@@ -384,13 +384,22 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
 def _write_spliced(zw: ZipWriter, name: str, storage: StorageRef, spliced: Spliced) -> None:
     """The source's bytes copied raw (kernel side), then the produced tail; the CRC-32 continues from
     the prefix's (known for a whole source record, else computed from the mapped file)."""
-    where, tail = spliced.prefix, tensor_bytes(spliced.tail)
+    where, tail = _little_endian(spliced.prefix), tensor_bytes(spliced.tail)
     if where.length + len(tail) != storage.nbytes:
         raise RepairError(f"storage {storage.key}: produced {where.length + len(tail)} bytes, "
                           f"expected {storage.nbytes}")
     crc = spliced.prefix_crc if spliced.prefix_crc is not None else _crc_of(where, where.length)
     with open(where.file, "rb") as src:
         zw.copy_range(name, src, where.start, where.length, zlib.crc32(tail, crc), tail=tail)
+
+
+def _little_endian(where: ByteRange) -> ByteRange:
+    # The output says byteorder "little": copying a big-endian archive's bytes raw would change every value.
+    if where.big_endian:
+        raise RepairError(f"{where.file}: a big-endian archive (its byteorder record says 'big'); ckptfix writes "
+                          "little-endian archives only. Re-save it on this machine first: "
+                          "torch.save(torch.load(path, weights_only=True), new_path)")
+    return where
 
 
 def _crc_of(where: ByteRange, length: int) -> int:
