@@ -40,7 +40,7 @@ def weights_only_refuses(ctx: Context) -> Iterator[Finding]:
     names = sorted({g for u in refusing for g in u.torch_refuses})
     # globals no object in the tree shows (a tensor subclass given to `_rebuild_from_type_v2`), and opcodes
     others = [r for r in ctx.ckpt.weights_only_refusals if r.removeprefix("global ") not in names]
-    opcodes = [r for r in others if r.startswith("opcode ")]
+    opcodes = [r for r in others if not r.startswith("global ")]  # opcodes, a legacy untyped storage
     names += [r.removeprefix("global ") for r in others if r.startswith("global ")]
     if not names and not opcodes:
         return

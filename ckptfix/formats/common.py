@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ckptfix.checkpoint import ByteRange, Checkpoint, OptimizerState, ParamGroup, ParamState, TensorInfo, read_scalar
 from ckptfix.errors import UnreadableCheckpoint
-from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+from ckptfix.formats.pickle_safe import RebuiltTensor, StorageRef, TensorRef
 from ckptfix.record import RECORD_KEY, Record
 from ckptfix.untrusted import escape, fail
 

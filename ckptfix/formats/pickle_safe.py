@@ -532,6 +532,15 @@ def _encode(text: Any, encoding: Any = "utf-8", *rest: Any) -> bytes:
     return text.encode("latin-1")
 
 
+def _bytearray(*args: Any) -> bytearray:
+    # How pickle spells one: (bytes,) at protocols 3-4, (str, 'latin-1') at 2; never a size (an allocation).
+    if args == () or len(args) == 1 and isinstance(args[0], bytes):
+        return bytearray(*args)
+    if len(args) == 2 and isinstance(args[0], str) and args[1] in ("latin1", "latin-1"):
+        return bytearray(args[0].encode("latin-1"))
+    raise pickle.UnpicklingError("bytearray of something other than bytes")
+
+
 def _allowlist() -> dict[tuple[str, str], Any]:
     table: dict[tuple[str, str], Any] = {
         ("collections", "OrderedDict"): collections.OrderedDict,
@@ -540,6 +549,7 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         ("builtins", "set"): set,
         ("builtins", "frozenset"): frozenset,
         ("builtins", "complex"): complex,
+        ("builtins", "bytearray"): _Function(_bytearray),
         ("builtins", "slice"): _Function(_slice),
         ("torch._utils", "_rebuild_tensor_v2"): _Function(_rebuild_tensor),
         ("torch._utils", "_rebuild_tensor_v3"): _Function(_rebuild_tensor_v3),

@@ -17,7 +17,14 @@ from typing import Any
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import MAX_PICKLE_BYTES, StorageRef, load_pickle, pickle_end
+from ckptfix.formats.pickle_safe import (
+    DTYPE_SIZES,
+    MAX_PICKLE_BYTES,
+    RebuiltTensor,
+    StorageRef,
+    load_pickle,
+    pickle_end,
+)
 
 try:
     from lzma import LZMAError as _LZMAError
@@ -42,7 +49,9 @@ class TorchArchive:
     size: int
     big_endian: bool = False  # the `byteorder` record says "big" (see `byte_order`)
 
-    def record_range(self, key: str) -> ByteRange:
+    def record_range(self, key: str, itemsize: int = 1) -> ByteRange:
+        """Where record data/`key` lies; in a big-endian archive, a range of `itemsize`-byte elements is
+        marked for byte-swapping (torch.load swaps a storage by its dtype, an UntypedStorage not at all)."""
         info = self.members.get(f"{self.prefix}/data/{key}")
         if info is None:
             raise UnreadableCheckpoint(f"{self.path}: tensor record data/{key} is missing from the archive")
@@ -53,7 +62,7 @@ class TorchArchive:
         start = self._data_start(info)
         if start + info.file_size > self.size:
             raise UnreadableCheckpoint(f"{self.path}: record data/{key} runs past the end of the file (truncated?)")
-        return ByteRange(self.path, start, info.file_size, self.big_endian)
+        return ByteRange(self.path, start, info.file_size, self.big_endian and itemsize > 1)
 
     def _data_start(self, info: zipfile.ZipInfo) -> int:
         mapped = file_map(self.path)
@@ -154,8 +163,8 @@ def open_archive(path: str) -> TorchArchive:
 
 def byte_order(archive: TorchArchive) -> str:
     """The archive's `byteorder` record (torch >= 2.1 writes the saving machine's `sys.byteorder`). Without
-    one, torch.load assumes the loading machine's order (`get_default_load_endianness()` NATIVE), that is
-    little on every machine ckptfix runs on; any other value torch.load refuses ("Unknown endianness")."""
+    one, torch.load assumes little (`get_default_load_endianness()` unset); any other value it refuses
+    ("Unknown endianness type")."""
     info = archive.members.get(f"{archive.prefix}/byteorder")
     if info is None:
         return "little"
@@ -183,7 +192,7 @@ def load(path: str, *, opaque: bool = False,
     if kind == "torch-zip":
         archive = open_archive(path)
         tree = load_pickle(archive.read_member("data.pkl") or b"", path, opaque=opaque, refusals=refusals)
-        return tree, lambda storage: (lambda: archive.record_range(storage.key)), archive
+        return tree, lambda storage: (lambda: archive.record_range(storage.key, DTYPE_SIZES[storage.dtype])), archive
     if kind == "torch-legacy":
         tree, ranges = _load_legacy(path, opaque, refusals)
         return tree, lambda storage: (lambda: _legacy_range(path, ranges, storage.key)), None
@@ -214,7 +223,17 @@ def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool,
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint (storage keys are not a list of names)")
         # element sizes: every storage a tensor uses, and storages saved on their own (a bare FloatStorage)
-        storages = {ref.storage.key: ref.storage for ref in common.iter_tensor_refs(tree)}
+        refs = list(common.iter_tensor_refs(tree))
+        storages = {ref.storage.key: ref.storage for ref in refs}
+        if refusals is not None and any(ref.dtype != ref.storage.dtype for ref in refs):
+            # a dtype without a typed storage class (uint16, float8...): torch's legacy reader asks the
+            # UntypedStorage for a dtype and fails
+            refusals.append("an untyped storage in a legacy (non-zip) file")
+        if refusals is not None and any(isinstance(n, RebuiltTensor) and n.kind == "nested"
+                                        for n in common.iter_leaves(tree)):
+            # the legacy stream's storages follow its pickle: torch builds the nested tensor from sizes it has
+            # not read yet (uninitialized memory: a wrong shape or "Storage size calculation overflowed")
+            refusals.append("a nested tensor in a legacy (non-zip) file")
         storages.update((s.key, s) for s in common.iter_leaves(tree) if isinstance(s, StorageRef))
         ranges, pos = {}, stream.pos
         for key in keys:

@@ -17,6 +17,7 @@ import torch
 from ckptfix.guard.problems import Problem
 from ckptfix.guard.resume_plan import ResumePlan
 from ckptfix.guard.setup import named_params, unwrap_optimizer
+from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.mapping import MOMENT_KEYS
 
 #: Elements compared per tensor to prove it was loaded (evenly spread over the tensor).
@@ -65,7 +66,7 @@ class Values:
         if file not in self._locators:
             handle = self.ckpt.handle
             if file == self.ckpt.path and hasattr(handle, "record_range"):
-                self._locators[file] = lambda storage: (lambda: handle.record_range(storage.key))
+                self._locators[file] = lambda storage: (lambda: handle.record_range(storage.key, DTYPE_SIZES[storage.dtype]))
             else:
                 from ckptfix.formats import torch_file
 
