@@ -585,7 +585,7 @@ def _allowlist() -> dict[tuple[str, str], Any]:
     return table
 
 
-_OTHER_DTYPES = tuple(f"{k}{n}" for k in ("int", "uint") for n in range(1, 8))
+_OTHER_DTYPES = tuple(f"{k}{n}" for k in ("int", "uint") for n in range(1, 8)) + ("quint4x2", "quint2x4")
 _SYMMETRIC = ("per_tensor_symmetric", "per_channel_symmetric")
 # The tensor classes torch's weights-only loader allowlists (`torch._tensor_classes`, `torch.Tensor`,
 # `torch.nn.Parameter`): each unpickler makes its own stand-ins (`_tensor_class`).
@@ -594,9 +594,13 @@ TENSOR_CLASSES = frozenset(
     ["torch.Tensor", "torch.nn.parameter.Parameter"]
     + [f"{m}.{t}Tensor" for m in ("torch", "torch.cuda") for t in _TENSOR_TYPES]
     + [f"{m}.{t}Tensor" for m in ("torch.sparse", "torch.cuda.sparse") for t in _TENSOR_TYPES if t != "Bool"])
-# Globals torch allowlists that name no value a pickle can use: `TypedStorage` as a storage type has no dtype
-# (torch.load fails on it too).
-NAMED_ONLY = {"torch.storage.TypedStorage": "a storage type without a dtype; torch.load cannot rebuild it either"}
+# Globals torch allowlists that ckptfix reads only to refuse the file, and why (tests/test_torch_differential.py
+# checks that every global on torch's list is in ALLOWED_GLOBALS, TENSOR_CLASSES or here).
+NAMED_ONLY = {
+    "torch.storage.TypedStorage": "a storage type without a dtype; torch.load cannot rebuild it either",
+    "torch.QUInt4x2Storage": "sub-byte quantized values packed two to a byte: refused by name (`persistent_load`)",
+    "torch.QUInt2x4Storage": "sub-byte quantized values packed four to a byte: refused by name (`persistent_load`)",
+}
 
 
 ALLOWED_GLOBALS = _allowlist()
