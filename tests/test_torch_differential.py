@@ -68,7 +68,7 @@ class _OldPickler(pickle._Pickler):  # type: ignore[name-defined]  # the Python 
     def persistent_id(self, obj):
         if isinstance(obj, _Storage):
             self.storages[obj.key] = obj.tensor
-            cls = getattr(torch.cuda if obj.location.startswith("cuda") else torch, "FloatStorage")
+            cls = (torch.cuda if obj.location.startswith("cuda") else torch).FloatStorage
             return ("storage", cls, obj.key, obj.location, obj.tensor.numel(), obj.view)
         return None
 
@@ -105,7 +105,7 @@ def _legacy_file(path: Path, obj, style: str, location: str) -> None:
             pickle.dump(head, f, protocol=2)
         f.write(body.getvalue())
         pickle.dump(list(pickler.storages), f, protocol=2)
-        for key, tensor in pickler.storages.items():
+        for tensor in pickler.storages.values():
             f.write(struct.pack("<q", tensor.numel()) + tensor.numpy().tobytes())
 
 
@@ -149,7 +149,6 @@ def test_big_endian_archive_values(tmp_path):
 def test_protocols_torch_refuses_are_named(tmp_path):
     """torch.save(pickle_protocol=4) loads with weights_only=False only: ckptfix reads it and CKF704 says why."""
     import ckptfix
-
     from ckptfix.formats import torch_file
 
     path = tmp_path / "p4.pt"

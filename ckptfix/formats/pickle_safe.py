@@ -788,6 +788,7 @@ _TORCH_OPCODE_NAMES = frozenset({
     "EMPTY_SET", "BININT", "BININT1", "BININT2", "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID", "BINGET",
     "LONG_BINGET", "BINPUT", "LONG_BINPUT", "LONG1"})
 _TORCH_OPCODES = bytes(1 if spec is not None and spec[2] in _TORCH_OPCODE_NAMES else 0 for spec in _OPCODES)
+_PROTOCOLS = {ord(op.code): op.proto for op in pickletools.opcodes}  # the protocol that introduced each opcode
 
 
 def torch_refused_opcode(data: Any) -> str | None:
@@ -801,7 +802,7 @@ def torch_refused_opcode(data: Any) -> str | None:
         if spec is None:
             return None  # damage: the unpickler reports it
         if not ok[code]:
-            proto = pickletools.code2op[chr(code)].proto
+            proto = _PROTOCOLS[code]
             return f"{spec[2]} (pickle protocol {proto}+)" if proto > 1 else f"{spec[2]} (pickle protocol 0/1)"
         size, at = spec[1], i + 1
         if size >= 0:
@@ -855,7 +856,7 @@ def _prescan(data: bytes, origin: str) -> set[str]:
     budget = _hash_budget(data)
     largest = max(MAX_TUPLE_NODES, n)
     built, most = 0, MAX_OBJECTS_BASE + n // 8  # memory grows with what the pickle builds, not its size
-    torch_ok, refused = _TORCH_OPCODES, set()
+    torch_ok, refused = _TORCH_OPCODES, set[str]()
     try:
         while i < n:
             code = data[i]

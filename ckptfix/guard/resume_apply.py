@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.guard.problems import Problem
 from ckptfix.guard.resume_plan import ResumePlan
 from ckptfix.guard.setup import named_params, unwrap_optimizer
-from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.mapping import MOMENT_KEYS
 
 #: Elements compared per tensor to prove it was loaded (evenly spread over the tensor).
