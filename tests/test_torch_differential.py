@@ -188,3 +188,26 @@ def test_tensor_subclass_is_named(tmp_path, monkeypatch):
         torch.load(path, weights_only=True)
     finding = next(f for f in ckptfix.inspect(str(path)).findings if f.code == "CKF704")
     assert "somelib_tensors.Marked" in finding.message
+
+
+def test_sparse_nested_meta_inspected_and_converted(tmp_path):
+    """A checkpoint holding sparse, nested and meta tensors (and a slice torch refuses): inspect reads it, and
+    `convert` writes a copy torch's weights-only loader reads with the same tensors."""
+    import ckptfix
+    from ckptfix.weights_only import convert
+
+    x = torch.tensor([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0]])
+    src, out = tmp_path / "mixed.pt", tmp_path / "mixed.weights_only.pt"
+    torch.save({"model": {"w": torch.ones(2, 3), "coo": x.to_sparse(), "csr": x.to_sparse_csr(),
+                          "meta": torch.nn.Parameter(torch.empty(4, 2, device="meta")),
+                          "nested": torch.nested.nested_tensor([torch.ones(2, 2), torch.zeros(1, 2)])},
+                "window": slice(0, 8)}, src)
+    report = ckptfix.inspect(str(src))
+    assert "CKF704" in [f.code for f in report.findings]
+    convert(str(src), str(out))
+    loaded = torch.load(out, weights_only=True)["model"]
+    assert torch.equal(loaded["coo"].to_dense(), x) and torch.equal(loaded["csr"].to_dense(), x)
+    assert loaded["meta"].is_meta and isinstance(loaded["meta"], torch.nn.Parameter) and loaded["meta"].shape == (4, 2)
+    assert loaded["nested"].is_nested and torch.equal(loaded["nested"].unbind()[0], torch.ones(2, 2))
+    stats = diff.Counter()
+    assert diff.compare(str(out), stats) is None and stats["tensors compared"] == 5

@@ -32,10 +32,12 @@ from ckptfix.errors import RepairError
 from ckptfix.formats.pickle_safe import (
     DTYPE_SIZES,
     OpaqueObject,
+    RebuiltTensor,
     StorageRef,
     TensorRef,
     TorchDevice,
     TorchDtype,
+    TorchLayout,
     _printable,
     contiguous_stride,
     global_name,
@@ -321,7 +323,7 @@ class Converter:
 
     def value(self, node: Any, path: str) -> Any:
         if node is None or isinstance(node, (bool, int, float, complex, str, bytes, bytearray, TensorRef,
-                                             TorchDtype, TorchDevice)):
+                                             RebuiltTensor, TorchDtype, TorchDevice, TorchLayout)):
             return node
         if id(node) in self.memo:
             return self.memo[id(node)]
@@ -509,7 +511,7 @@ def uses(tree: Any) -> list[Use]:
     return found
 
 
-_LEAVES = (str, int, float, bool, bytes, type(None), TensorRef, TorchDtype, TorchDevice)
+_LEAVES = (str, int, float, bool, bytes, type(None), TensorRef, RebuiltTensor, TorchDtype, TorchDevice)
 
 
 def _spell(crumb: Any) -> str:

@@ -26,7 +26,16 @@ import numpy as np
 from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.dtypes import DTYPE_SIZES, STORAGE_CLASS
 from ckptfix.errors import RepairError
-from ckptfix.formats.pickle_safe import OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype, global_name
+from ckptfix.formats.pickle_safe import (
+    OpaqueObject,
+    RebuiltTensor,
+    StorageRef,
+    TensorRef,
+    TorchDevice,
+    TorchDtype,
+    TorchLayout,
+    global_name,
+)
 from ckptfix.formats.zipwriter import ZipWriter
 from ckptfix.progress import Progress
 
@@ -172,6 +181,16 @@ class _Pickler(pickle._Pickler):
             return _global("torch._utils", "_rebuild_tensor_v3"), (*args, _global("torch", t.dtype))
         if isinstance(obj, _Reduce):
             return obj.func, obj.args
+        if isinstance(obj, RebuiltTensor):  # sparse, nested, meta: the same torch._utils call, as read
+            if obj.rebuild == "_rebuild_wrapper_subclass":
+                raise RepairError("the checkpoint holds a storage-less wrapper tensor; ckptfix cannot write it back")
+            call = (_global("torch._utils", obj.rebuild), _with_torch_values(obj.args, {}))
+            if obj.is_parameter:
+                return (_global("torch._utils", "_rebuild_parameter"),
+                        (_Reduce(*call), obj.requires_grad, collections.OrderedDict()))
+            return call
+        if isinstance(obj, TorchLayout):
+            return _global("torch.serialization", "_get_layout"), (obj.name,)
         if isinstance(obj, OpaqueObject):
             if _writable_data(obj):  # a numpy array/scalar/dtype, a path, a date: the same call, the same state
                 return (_named(obj.cls), _as_written(obj.args), _as_written(obj.state))
