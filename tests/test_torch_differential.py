@@ -200,7 +200,8 @@ def test_sparse_nested_meta_inspected_and_converted(tmp_path):
     src, out = tmp_path / "mixed.pt", tmp_path / "mixed.weights_only.pt"
     torch.save({"model": {"w": torch.ones(2, 3), "coo": x.to_sparse(), "csr": x.to_sparse_csr(),
                           "meta": torch.nn.Parameter(torch.empty(4, 2, device="meta")),
-                          "nested": torch.nested.nested_tensor([torch.ones(2, 2), torch.zeros(1, 2)])},
+                          "nested": torch.nested.nested_tensor([torch.ones(2, 2), torch.zeros(1, 2)]),
+                          "conj": torch.tensor([1 + 2j, 3 - 4j]).conj()},
                 "window": slice(0, 8)}, src)
     report = ckptfix.inspect(str(src))
     assert "CKF704" in [f.code for f in report.findings]
@@ -209,5 +210,6 @@ def test_sparse_nested_meta_inspected_and_converted(tmp_path):
     assert torch.equal(loaded["coo"].to_dense(), x) and torch.equal(loaded["csr"].to_dense(), x)
     assert loaded["meta"].is_meta and isinstance(loaded["meta"], torch.nn.Parameter) and loaded["meta"].shape == (4, 2)
     assert loaded["nested"].is_nested and torch.equal(loaded["nested"].unbind()[0], torch.ones(2, 2))
+    assert loaded["conj"].is_conj() and loaded["conj"].resolve_conj().tolist() == [1 - 2j, 3 + 4j]
     stats = diff.Counter()
-    assert diff.compare(str(out), stats) is None and stats["tensors compared"] == 5
+    assert diff.compare(str(out), stats) is None and stats["tensors compared"] == 6

@@ -122,6 +122,9 @@ class TensorRef(_Record):
     # a quantized tensor's parameters as `_rebuild_qtensor` received them, kept verbatim to be written
     # back: (per_tensor_affine, scale, zero_point) or (per_channel_affine, scales, zero_points, axis)
     quantizer: tuple | None = None
+    # `_rebuild_tensor_v2/v3`'s metadata: torch's lazy conjugate / negative bits ({"conj": True}); the stored
+    # values are before them. Kept for the writer; readers see the stored values.
+    metadata: dict | None = None
 
     @property
     def numel(self) -> int:
@@ -275,7 +278,13 @@ def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=No
         numel *= d
     if numel > INT64_MAX:
         raise pickle.UnpicklingError("tensor with more than 2**63 elements")
-    return _check_fits(TensorRef(storage, offset, size, stride, storage.dtype, bool(requires_grad)))
+    tensor = TensorRef(storage, offset, size, stride, storage.dtype, bool(requires_grad))
+    if metadata:
+        if not (isinstance(metadata, dict) and all(k in ("conj", "neg") and isinstance(v, bool)
+                                                   for k, v in metadata.items())):
+            raise pickle.UnpicklingError("tensor metadata other than torch's conj/neg bits")
+        tensor.metadata = dict(metadata)
+    return _check_fits(tensor)
 
 
 def _int64(value: Any) -> int:
@@ -285,7 +294,7 @@ def _int64(value: Any) -> int:
 
 
 def _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype, metadata=None):
-    tensor = _rebuild_tensor(storage, offset, size, stride, requires_grad)
+    tensor = _rebuild_tensor(storage, offset, size, stride, requires_grad, None, metadata)
     tensor.dtype = _dtype_name(dtype)
     if tensor.dtype not in DTYPE_SIZES:
         raise pickle.UnpicklingError(f"unknown tensor dtype {tensor.dtype}")

@@ -175,10 +175,11 @@ class _Pickler(pickle._Pickler):
                     storage, t.offset, tuple(t.shape), tuple(t.stride), params, t.requires_grad,
                     collections.OrderedDict())
             args: tuple[Any, ...] = (storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict())
+            extra = (t.metadata,) if t.metadata else ()  # the conj/neg bits, as read
             if t.dtype in _STORAGE_CLASS:
-                return _global("torch._utils", "_rebuild_tensor_v2"), args
+                return _global("torch._utils", "_rebuild_tensor_v2"), (*args, *extra)
             # what torch.save does for dtypes without a typed storage class (float8, uint16/32/64, ...)
-            return _global("torch._utils", "_rebuild_tensor_v3"), (*args, _global("torch", t.dtype))
+            return _global("torch._utils", "_rebuild_tensor_v3"), (*args, _global("torch", t.dtype), *extra)
         if isinstance(obj, _Reduce):
             return obj.func, obj.args
         if isinstance(obj, RebuiltTensor):  # sparse, nested, meta: the same torch._utils call, as read
