@@ -1106,24 +1106,32 @@ def _check_tree(tree: Any, origin: str) -> None:
 def globals_in_pickle(data: bytes) -> list[str]:
     """List every global a pickle would import, by reading its opcodes (nothing is executed)."""
     found: list[str] = []
-    strings: list[str] = []
-    memo: dict[Any, str] = {}
+    strings: list[str | None] = []  # what recent ops pushed: a string, or None for anything else
+    memo: dict[Any, str | None] = {}
+    memoized = 0
+    last_string = False  # whether the previous op pushed a string (only then does a PUT/MEMOIZE store one)
     try:
         for opcode, arg, _ in pickletools.genops(data):
             name = opcode.name
+            pushed_string = False
             if name in ("GLOBAL", "INST"):
                 found.append(str(arg).replace(" ", "."))
-            elif name == "STACK_GLOBAL" and len(strings) >= 2:
+            elif name == "STACK_GLOBAL" and len(strings) >= 2 and None not in strings[-2:]:
                 found.append(f"{strings[-2]}.{strings[-1]}")
             elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
                           "BINSTRING", "STRING"):
                 strings.append(str(arg))
-            elif name in ("BINPUT", "LONG_BINPUT", "PUT") and strings:
-                memo[arg] = strings[-1]
-            elif name == "MEMOIZE" and strings:
-                memo[len(memo)] = strings[-1]
-            elif name in ("BINGET", "LONG_BINGET", "GET") and arg in memo:
-                strings.append(memo[arg])
+                pushed_string = True
+            elif name in ("BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"):
+                memo[memoized if name == "MEMOIZE" else arg] = strings[-1] if last_string and strings else None
+                memoized += name == "MEMOIZE"
+                pushed_string = last_string
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                strings.append(memo.get(arg))
+                pushed_string = memo.get(arg) is not None
+            elif opcode.stack_after:
+                strings.append(None)
+            last_string = pushed_string
             if opcode.name == "STOP":
                 break
     except Exception:  # a truncated pickle: report what we saw before the damage

@@ -236,7 +236,7 @@ def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool,
             refusals.append("a nested tensor in a legacy (non-zip) file")
         storages.update((s.key, s) for s in common.iter_leaves(tree) if isinstance(s, StorageRef))
         ranges, pos = {}, stream.pos
-        for key in keys:
+        for key in keys:  # little-endian on every machine: torch converts on write (writeFileRaw)
             (numel,) = struct.unpack("<q", os.pread(fd, 8, pos))
             if numel < 0:
                 raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint (storage {key} has a negative size)")
