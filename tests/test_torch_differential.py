@@ -213,3 +213,36 @@ def test_sparse_nested_meta_inspected_and_converted(tmp_path):
     assert loaded["conj"].is_conj() and loaded["conj"].resolve_conj().tolist() == [1 - 2j, 3 + 4j]
     stats = diff.Counter()
     assert diff.compare(str(out), stats) is None and stats["tensors compared"] == 6
+
+
+class _Call:
+    """An object torch.save pickles as `fn(*args)`: the rarer rebuild functions on torch's allowlist."""
+
+    def __init__(self, fn, args):
+        self.fn, self.args = fn, args
+
+    def __reduce__(self):
+        return self.fn, self.args
+
+
+@pytest.mark.parametrize("name", ["cpu_tensor", "parameter_with_state", "sparse_class", "wrapper_subclass"])
+def test_rarer_rebuild_functions(tmp_path, name):
+    """`_rebuild_device_tensor_from_cpu_tensor` (xla/mtia tensors), `_rebuild_parameter_with_state`, a legacy
+    sparse tensor class called with (indices, values, size): read as torch reads them; a wrapper subclass,
+    which torch refuses for every class on its default list, is refused too."""
+    import collections
+
+    u = torch._utils
+    value = {
+        "cpu_tensor": _Call(u._rebuild_device_tensor_from_cpu_tensor, (torch.arange(4.0), torch.float32, "xla:0", False)),
+        "parameter_with_state": _Call(u._rebuild_parameter_with_state,
+                                      (torch.ones(2), True, collections.OrderedDict(), ({"tag": 1}, None))),
+        "sparse_class": _Call(torch.sparse.FloatTensor, (torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0]), torch.Size([3]))),
+        "wrapper_subclass": _Call(u._rebuild_wrapper_subclass, (torch.Tensor, torch.float32, (2, 3), (3, 1), 0,
+                                                               torch.strided, torch.device("meta"), False)),
+    }[name]
+    path = tmp_path / f"{name}.pt"
+    torch.save({"x": value}, path)
+    stats = diff.Counter()
+    assert diff.compare(str(path), stats) is None
+    assert stats["both read" if name != "wrapper_subclass" else "both refuse"] == 1, dict(stats)

@@ -399,15 +399,12 @@ def _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad=False):
                          (dtype, tuple(size), tuple(stride), bool(requires_grad)), bool(requires_grad))
 
 
-def _rebuild_wrapper_subclass(cls, dtype, size, stride, storage_offset, layout, device, requires_grad=False):
-    """A storage-less wrapper tensor. Only as torch.Tensor or Parameter: any other class is a global torch
-    refuses unless allowlisted, and its contents are the subclass's own (not read here)."""
-    if not (isinstance(cls, _TensorClassType) and cls.qualname in ("torch.Tensor", "torch.nn.parameter.Parameter")):
-        raise pickle.UnpicklingError("wrapper tensor subclass of a class outside torch's allowlist")
-    _shape(stride)
-    return RebuiltTensor("meta", _shape(size), _dtype_name(dtype), "_rebuild_wrapper_subclass",
-                         (cls, dtype, tuple(size), tuple(stride), storage_offset, layout, device,
-                          bool(requires_grad)), bool(requires_grad))
+def _rebuild_wrapper_subclass(cls, *args):
+    """A storage-less wrapper tensor subclass. torch rebuilds one only for a class the loading process
+    allowlisted (`torch.Tensor` itself fails: "Tensor must define __torch_dispatch__"); its contents are the
+    subclass's own, so ckptfix refuses it, naming it."""
+    raise pickle.UnpicklingError("a wrapper tensor subclass (torch._utils._rebuild_wrapper_subclass): torch.load "
+                                 "rebuilds one only for a class allowlisted with add_safe_globals; ckptfix cannot read it")
 
 
 def _rebuild_device_tensor_from_cpu_tensor(data, dtype, device, requires_grad=False):

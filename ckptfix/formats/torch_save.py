@@ -183,8 +183,6 @@ class _Pickler(pickle._Pickler):
         if isinstance(obj, _Reduce):
             return obj.func, obj.args
         if isinstance(obj, RebuiltTensor):  # sparse, nested, meta: the same torch._utils call, as read
-            if obj.rebuild == "_rebuild_wrapper_subclass":
-                raise RepairError("the checkpoint holds a storage-less wrapper tensor; ckptfix cannot write it back")
             call = (_global("torch._utils", obj.rebuild), _with_torch_values(obj.args, {}))
             if obj.is_parameter:
                 return (_global("torch._utils", "_rebuild_parameter"),
