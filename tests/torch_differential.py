@@ -290,7 +290,8 @@ def globals_of(path: str) -> list[str]:
 
 
 def run(seeds: range, folder: str) -> tuple[Counter, Counter, Counter, list[str]]:
-    """Every seed in every format: (files per format, files per global, outcome counts, failures)."""
+    """Every seed in every format: (files per format, and per format read by both / refused by torch; files
+    per global; outcome counts; failures)."""
     per_format, per_global, stats, failures = Counter(), Counter(), Counter(), []
     for seed in seeds:
         obj = generate(seed)
@@ -304,7 +305,10 @@ def run(seeds: range, folder: str) -> tuple[Counter, Counter, Counter, list[str]
             continue
         per_format[fmt] += 1
         per_global.update(globals_of(path))
-        problem = compare(path, stats)
+        outcome: Counter = Counter()
+        problem = compare(path, outcome)
+        stats.update(outcome)
+        per_format.update(f"{fmt}: {k}" for k in outcome if k in ("both read", "torch refuses"))
         if problem:
             failures.append(f"seed {seed} {fmt}: {problem}")
     return per_format, per_global, stats, failures
