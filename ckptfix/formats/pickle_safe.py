@@ -601,7 +601,10 @@ TENSOR_CLASSES = frozenset(
     + [f"{m}.{t}Tensor" for m in ("torch", "torch.cuda") for t in _TENSOR_TYPES]
     + [f"{m}.{t}Tensor" for m in ("torch.sparse", "torch.cuda.sparse") for t in _TENSOR_TYPES if t != "Bool"])
 # Globals torch allowlists that ckptfix reads only to refuse the file, and why (tests/test_torch_differential.py
-# checks that every global on torch's list is in ALLOWED_GLOBALS, TENSOR_CLASSES or here).
+# checks that every global on torch's list is in ALLOWED_GLOBALS, TENSOR_CLASSES or here). torch 2.4's list (the
+# oldest torch ckptfix supports; read from its source) is a subset of 2.13's: it lacks `_codecs.encode`,
+# `builtins.bytearray/set/complex`, `int1`-`int7`/`uint1`-`uint7` and the two device-tensor rebuilds, and its
+# unpickler reads the same opcodes.
 NAMED_ONLY = {
     "torch.storage.TypedStorage": "a storage type without a dtype; torch.load cannot rebuild it either",
     "torch.QUInt4x2Storage": "sub-byte quantized values packed two to a byte: refused by name (`persistent_load`)",
