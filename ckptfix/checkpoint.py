@@ -11,10 +11,14 @@ import math
 import mmap
 import os
 import re
+import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ckptfix.lazy_numpy import np
 
 from ckptfix.dtypes import DTYPE_SIZES, FLOAT_DTYPES, NUMPY_DTYPES, QUANTIZED_DTYPES, contiguous_stride
 from ckptfix.errors import UnreadableCheckpoint
@@ -256,16 +260,64 @@ def read_scalar(tensor: TensorInfo) -> float | None:
     """A 0-d/1-element tensor's value (optimizer `step` is one); None if unreadable."""
     if tensor.numel != 1:
         return None
-    try:  # the one element directly: no strided view (this runs for every optimizer `step`)
-        storage = _mapped_storage(tensor)
-        if not 0 <= tensor.offset < storage.size:
+    code = _SCALAR_CODES.get(tensor.dtype)
+    try:  # the one element directly, with struct: this runs for every optimizer `step`, and importing
+        # numpy for it would cost inspect more than the rest of its work
+        if code is None:
+            return _read_scalar_numpy(tensor)
+        where = tensor.locate()
+        size = DTYPE_SIZES[tensor.dtype]
+        if not 0 <= tensor.offset < where.length // size:
             return None  # the view lies outside its storage record
-        value = storage[tensor.offset]
+        start = where.start + tensor.offset * size
+        mapped = file_map(where.file, False)
+        if start + size > len(mapped):
+            return None  # data runs past the end of the file (truncated)
+        (value,) = struct.unpack_from(code, mapped, start)
         if tensor.dtype == "bfloat16":
-            value = (np.uint32(value) << np.uint32(16)).view(np.float32)
+            (value,) = struct.unpack("<f", struct.pack("<I", value << 16))
         return float(value)
-    except (UnreadableCheckpoint, ValueError, TypeError, IndexError):
+    except (UnreadableCheckpoint, OSError, ValueError, TypeError, IndexError, struct.error):
         return None
+
+
+# torch writes storages little-endian; bfloat16 is read as its bits and widened
+_SCALAR_CODES = {"float64": "<d", "float32": "<f", "float16": "<e", "bfloat16": "<H", "int64": "<q", "int32": "<i",
+                 "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?", "uint16": "<H", "uint32": "<I",
+                 "uint64": "<Q"}
+
+
+def read_last_row(tensor: TensorInfo) -> tuple[float, ...] | None:
+    """The last row of a plain, contiguous 2-D tensor as numbers (bfloat16 as its bits), read with struct;
+    None when it cannot be read this way (another layout, dtype or kind of tensor). Lets a check that
+    usually needs one row decide without importing numpy (`checks/reserved.py`)."""
+    code = _SCALAR_CODES.get(tensor.dtype)
+    if type(tensor) is not TensorInfo or code is None or len(tensor.shape) != 2 or 0 in tensor.shape:
+        return None
+    if tensor.stride is not None and tensor.stride != tensor.contiguous_stride():
+        return None
+    try:
+        where = tensor.locate()
+        size = DTYPE_SIZES[tensor.dtype]
+        rows, width = tensor.shape
+        first = tensor.offset + (rows - 1) * width
+        if tensor.offset < 0 or (first + width) * size > where.length:
+            return None
+        mapped = file_map(where.file, False)
+        start = where.start + first * size
+        if start + width * size > len(mapped):
+            return None
+        return struct.unpack_from(f"<{width}{code[1]}", mapped, start)
+    except (UnreadableCheckpoint, OSError, ValueError, struct.error):
+        return None
+
+
+def _read_scalar_numpy(tensor: TensorInfo) -> float | None:
+    """The other dtypes (a complex or float8 `step` is not a number ckptfix can use): as numpy reads them."""
+    storage = _mapped_storage(tensor)
+    if not 0 <= tensor.offset < storage.size:
+        return None
+    return float(storage[tensor.offset])
 
 
 @dataclass

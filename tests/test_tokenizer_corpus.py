@@ -271,14 +271,18 @@ def test_real_model_rows_inspect_clean(entry, tmp_path):
     assert entry.rows in vocab_rows, report.vocab
     assert report.exit_code == 0 and not {"CKF101", "CKF102", "CKF104"} & set(codes), report.findings
     expected = [] if entry.rows == entry.size else ["CKF103"] if entry.rows - entry.size < 256 and (
-        corpus_padded(entry)) else ["CKF105"]
-    assert [c for c in codes if c in ("CKF103", "CKF105")] == expected
+        corpus_padded(entry)) else ["CKF106"] if corpus_fit(entry).by_config else ["CKF105"]
+    assert [c for c in codes if c in ("CKF103", "CKF105", "CKF106")] == expected
+
+
+def corpus_fit(entry: corpus.Entry):
+    from ckptfix.fit import fit_rows
+
+    return fit_rows(entry.rows, entry.size, entry.config_vocab)
 
 
 def corpus_padded(entry: corpus.Entry) -> bool:
-    from ckptfix.fit import fit_rows
-
-    return fit_rows(entry.rows, entry.size, entry.config_vocab).verdict == "padded"
+    return corpus_fit(entry).verdict == "padded"
 
 
 @pytest.mark.long
@@ -289,8 +293,8 @@ def test_whisper_large_v3_rows_are_reserved_by_its_config(tmp_path):
     large = corpus.Entry("whisper-large-v3", entry.package, entry.members, entry.format, entry.size,
                          "whisper large-v3", 51866, 51866)
     report = inspect(_save(_real_model(large), large, tmp_path), tokenizer)
-    assert report.exit_code == 0 and [f.code for f in report.findings] == ["CKF105"]
-    assert "1 row(s) reserved" in report.findings[0].message
+    assert report.exit_code == 0 and [f.code for f in report.findings] == ["CKF106"]  # 51866: not a round reserve
+    assert "1 row(s) above the tokenizer" in report.findings[0].message
 
 
 # GPT-2's tokenizer under other models' rows: nanoGPT pads 50257 to 50304 (a multiple of 64); CodeGen keeps
@@ -321,8 +325,8 @@ def test_rows_recorded_outside_a_config_json(tmp_path):
     torch.save({"dims": {"n_mels": 8, "n_vocab": 51866, "n_text_state": 8}, "model_state_dict": model.state_dict()},
                path)
     report = inspect(path, tokenizer)
-    assert report.exit_code == 0 and [f.code for f in report.findings] == ["CKF105"]
-    assert "the checkpoint records them as its vocab size" in report.findings[0].message
+    assert report.exit_code == 0 and [f.code for f in report.findings] == ["CKF106"]
+    assert "the checkpoint records vocab_size 51866" in report.findings[0].message
 
 
 def test_bert_mlm_head_biases_are_vocab_rows(tmp_path):
@@ -402,7 +406,7 @@ def test_whisper_hf_folder_is_read_with_its_len(whisper_folders, name, size, end
 WHISPER_SHAPES = [
     ("whisper-multilingual", 51865, (50257, 50257, 50257), []),
     ("whisper-multilingual", 51865, (50256, 50256, 50256), []),
-    ("whisper-multilingual", 51866, (50257, 50257, 50256), ["CKF105"]),
+    ("whisper-multilingual", 51866, (50257, 50257, 50256), ["CKF106"]),
     ("whisper-gpt2", 51864, (50256, 50256, 50256), []),
 ]
 

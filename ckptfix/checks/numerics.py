@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ckptfix.lazy_numpy import np
 
 from ckptfix.checkpoint import TensorInfo, collapse_repeats, overlaps_itself, widen_stored
 from ckptfix.checks import Context, Finding, check, finding

@@ -494,6 +494,10 @@ class Converter:
             return value
         if cls.endswith("._reconstruct") and cls.rsplit(".", 1)[0] in _NUMPY:
             return self.array(numpy_array(rec), path, cls)
+        if cls == "numpy.dtype":  # a dtype value (np.dtype("float32") in a config): its name; np.dtype(name) rebuilds it
+            dtype = _numpy_dtype(rec)
+            self.note(path, cls, "str", "the dtype's name")
+            return dtype.name if dtype.isnative else dtype.str
         if cls.rsplit(".", 1)[-1] in _PATHS and cls.rsplit(".", 1)[0] in ("pathlib", "pathlib._local"):
             self.note(path, cls, "str")
             return _path(rec)
@@ -529,8 +533,6 @@ class Converter:
             return rec.args[0]
         if rec.called:
             raise NotData("a call of a function ckptfix does not know (not data)")
-        if cls in ("numpy.dtype",):
-            raise NotData("a bare numpy dtype")
         state = _object_state(rec)
         self.note(path, cls, "dict", f"{len(state)} attribute(s)")
         out: dict = {}

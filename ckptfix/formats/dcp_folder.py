@@ -42,9 +42,12 @@ import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ckptfix.lazy_numpy import np
 
 from ckptfix.checkpoint import (
     ByteRange,

@@ -324,8 +324,8 @@ def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[
         return None, "id", notes
     evidence = data_evidence(tokenizer, rows, report.ckpt.extras.get("config"))
     if evidence:
-        raise RepairError(f"{evidence[0].message}. Pass --from-tokenizer OLD (the tokenizer the checkpoint was "
-                          "trained with) to move rows by token string, or --keep-ids if the ids really are unchanged")
+        raise RepairError(f"{evidence[0].message}. Pass from_tokenizer=OLD (the tokenizer the checkpoint was "
+                          "trained with) to move rows by token string, or keep_ids=True if the ids really are unchanged")
     notes.append(f"rows kept by id: the tokenizer the checkpoint's {rows} rows were trained with is not known, "
                  f"and keeping ids is right only if {tokenizer.path} appends to it; pass --from-tokenizer OLD "
                  "to move rows by token string")
