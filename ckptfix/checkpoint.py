@@ -32,6 +32,9 @@ class ByteRange:
     file: str
     start: int
     length: int
+    # a zip whose `byteorder` record says "big" (written on a big-endian machine): values are read
+    # byte-swapped, as torch.load reads them; writers that copy bytes raw refuse such a range
+    big_endian: bool = False
 
 
 @dataclass
@@ -100,8 +103,10 @@ class TensorInfo:
             raise UnreadableCheckpoint(f"{self.name}: a quantized tensor ({self.dtype}); ckptfix reads its integers "
                                        "only, not its scales: load it with torch.load")
         stride = self.stride if self.stride is not None else self.contiguous_stride()
-        return stored_to_torch(_mapped_storage(self, writable=True), self.dtype).as_strided(
-            self.shape, stride, self.offset)
+        storage = _mapped_storage(self, writable=True)
+        if not storage.dtype.isnative:  # a big-endian archive: torch takes native bytes only (a copy)
+            storage = storage.astype(storage.dtype.newbyteorder("="))
+        return stored_to_torch(storage, self.dtype).as_strided(self.shape, stride, self.offset)
 
 
 _MAPS: dict[tuple, mmap.mmap] = {}
@@ -187,6 +192,8 @@ def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
         raise UnreadableCheckpoint(f"{tensor.name}: cannot read dtype {tensor.dtype}")
     itemsize = np.dtype(np_dtype).itemsize
     count = where.length // itemsize
+    if where.big_endian:
+        np_dtype = np.dtype(np_dtype).newbyteorder(">")
     if count == 0:
         return np.zeros(0, dtype=np_dtype)
     try:
@@ -405,6 +412,9 @@ class Checkpoint:
     pickles: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # component -> file, for folder formats
     handle: Any = None  # the format's open source (e.g. the zip member table), for verify and writers
+    # why torch.load(weights_only=True) refuses the pickle beyond the objects in `raw` (globals a rebuild
+    # consumed, opcodes of another pickle protocol): CKF704 names them with the objects
+    weights_only_refusals: list[str] = field(default_factory=list)
     # False when `model` is not in the model's registration order (safetensors stores tensors sorted by
     # name), so optimizer indices cannot be matched to parameters by position.
     ordered: bool = True

@@ -59,12 +59,13 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
     if kind not in ("torch", "torch-zip", "torch-legacy"):
         raise RepairError(f"{source}: convert works on one torch.save file (this is {kind}); "
                           "convert the .pt/.pth/.bin/.pkl files in it one by one")
-    tree, locate_for, archive = torch_file.load(source)  # strict: a file that calls code is refused here
+    refusals: list[str] = []  # opcodes of another pickle protocol...: the copy, protocol 2, has none
+    tree, locate_for, archive = torch_file.load(source, refusals=refusals)  # strict: a file that calls code is refused here
     found = uses(tree)
     conv = Converter(next_key=_next_key(tree))
     new_tree = conv.value(tree, "")
     result = ConvertResult(source, os.fspath(out) if out is not None else None, dry_run, found, conv.conversions)
-    if not any(u.torch_refuses for u in found):
+    if not any(u.torch_refuses for u in found) and not refusals:
         result.output = None
         result.notes.append("nothing to convert: torch.load(weights_only=True) loads this file as it is; "
                             "nothing written")

@@ -33,10 +33,12 @@ from ckptfix.formats.pickle_safe import (
     DTYPE_SIZES,
     INT64_MAX,
     OpaqueObject,
+    RebuiltTensor,
     StorageRef,
     TensorRef,
     TorchDevice,
     TorchDtype,
+    TorchLayout,
     _printable,
     contiguous_stride,
     global_name,
@@ -435,7 +437,7 @@ class Converter:
 
     def value(self, node: Any, path: str) -> Any:
         if node is None or isinstance(node, (bool, int, float, complex, str, bytes, bytearray, TensorRef,
-                                             TorchDtype, TorchDevice)):
+                                             RebuiltTensor, TorchDtype, TorchDevice, TorchLayout)):
             return node
         if id(node) in self.memo:
             return self.memo[id(node)]
@@ -628,7 +630,7 @@ def uses(tree: Any) -> list[Use]:
     return found
 
 
-_LEAVES = (str, int, float, bool, bytes, type(None), TensorRef, TorchDtype, TorchDevice)
+_LEAVES = (str, int, float, bool, bytes, type(None), TensorRef, RebuiltTensor, TorchDtype, TorchDevice)
 
 
 def _spell(crumb: Any) -> str:

@@ -139,7 +139,7 @@ class TensorEdit:
             return None  # a damaged record: `produce` reports it
         row_bytes = src.nbytes // src.shape[0]
         tail = self._new_rows(self.plan.new_rows - keep, init, std, rng)
-        return Spliced(ByteRange(where.file, start, keep * row_bytes), tail)
+        return Spliced(ByteRange(where.file, start, keep * row_bytes, where.big_endian), tail)
 
     def _new_rows(self, count: int, init: str, std: float, rng: np.random.Generator) -> Any:
         src, fill = self.source, self.fill or fill_for(init, self.moment_key, self.role, self.tied)
