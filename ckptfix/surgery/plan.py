@@ -23,7 +23,7 @@ from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
 from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import recorded_padding, recorded_rows
-from ckptfix.surgery.pieces import piece_rows
+from ckptfix.surgery.pieces import piece_rows, why_no_segmenter
 from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_rows_for, plan_by_id, plan_by_token
 from ckptfix.vocab import repair_blocker
 
@@ -312,6 +312,12 @@ def _note_pieces(plan: RepairPlan) -> None:
     if edit is None or not edit.plan.new:
         return
     spelled = len(edit.plan.pieces)
+    speller = plan.from_tokenizer or plan.tokenizer
+    why = why_no_segmenter(speller)
+    if why is not None:
+        plan.notes.append(f"--init pieces: no new row has pieces ({why}); all {edit.plan.new} start from the "
+                          "mean with small noise")
+        return
     plan.notes.append(f"--init pieces: {spelled} of {edit.plan.new} new row(s) start from the mean of their "
                       f"text's old pieces; {edit.plan.new - spelled} (no usable pieces) from the mean with small noise")
 
