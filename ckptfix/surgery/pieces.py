@@ -68,16 +68,22 @@ def why_no_segmenter(info: Any) -> str | None:
 
 @lru_cache(maxsize=4)
 def _load(info: Any, without: frozenset[str]) -> Segmenter | None:
-    from ckptfix.errors import CkptfixError
+    """A file its own library refuses is refused here too (exit 2, the library's words): users' code could
+    not load it either, so its pieces are not something to guess around."""
+    from ckptfix.errors import CkptfixError, TokenizerError
 
     try:
         return _build(info, without)
-    except (CkptfixError, ValueError, TypeError, KeyError, UnicodeDecodeError, OSError):
-        return None
+    except CkptfixError:
+        raise
+    except Exception as exc:
+        problem = exc
     except BaseException as exc:  # a Rust panic in `tokenizers` is a BaseException (pyo3's PanicException)
         if type(exc).__name__ != "PanicException":
             raise
-        return None
+        problem = exc
+    words = " ".join(str(problem).split())[:300] or type(problem).__name__
+    raise TokenizerError(f"{info.source}: its tokenizer library cannot load it for --init pieces: {words}")
 
 
 def _build(info: Any, without: frozenset[str]) -> Segmenter | None:
