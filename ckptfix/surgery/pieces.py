@@ -72,6 +72,7 @@ def _load(info: Any, without: frozenset[str]) -> Segmenter | None:
     not load it either, so its pieces are not something to guess around."""
     from ckptfix.errors import CkptfixError, TokenizerError
 
+    problem: BaseException
     try:
         return _build(info, without)
     except CkptfixError:
