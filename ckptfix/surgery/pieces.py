@@ -21,6 +21,7 @@ known family) has no segmenter: its new rows get the fallback init and the plan 
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -261,6 +262,9 @@ def _bpe_from_ranks(ranks: dict[bytes, int], pattern: str) -> Callable[[str], li
                     for i in range(1, len(raw)) if raw[:i] in ranks and raw[i:] in ranks)
     tok = Tokenizer(models.BPE({text(raw): rank for raw, rank in ranks.items()}, [(a, b) for *_, a, b in merges],
                                ignore_merges=True))
+    # Oniguruma (tokenizers' regex engine) reads tiktoken's possessive `\p{N}{1,3}+` as `(\p{N}{1,3})+`, any
+    # number of digits; greedy is the same match there (nothing follows it inside its alternative).
+    pattern = re.sub(r"(\{[0-9]+(?:,[0-9]*)?\})\+", r"\1", pattern)
     tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), "isolated"),
                                                  pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     return lambda s: tok.encode(s, add_special_tokens=False).ids
