@@ -144,7 +144,26 @@ def _tokenizer_json(info: Any, source: Path, without: frozenset[str]) -> Segment
         tok = Tokenizer.from_str(json.dumps(doc))
     else:
         tok = Tokenizer.from_str(data.decode("utf-8"))
-    return _with_added(tok, info, without, "tokenizers")
+    library = "tokenizers"
+    if info.kind == "hf-folder" and _folder_value(info, "tokenizer_class", "") in ("LlamaTokenizer", "LlamaTokenizerFast"):
+        _as_transformers_llama(tok, info)
+        library = "tokenizers (pipeline as transformers' LlamaTokenizer)"
+    return _with_added(tok, info, without, library)
+
+
+def _as_transformers_llama(tok: Any, info: Any) -> None:
+    """transformers 5's LlamaTokenizer keeps the file's vocabulary and merges but sets its own pipeline
+    (models/llama/tokenization_llama.py): no normalizer, a Metaspace pre-tokenizer prepending ▁ to every
+    text ("always") when the config says legacy, to the first word only ("first") otherwise, never without
+    add_prefix_space (tokenization_utils_base._get_prepend_scheme)."""
+    from tokenizers import pre_tokenizers
+
+    if not _folder_value(info, "add_prefix_space", True):
+        scheme = "never"
+    else:
+        scheme = "always" if _folder_value(info, "legacy", False) else "first"
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META, prepend_scheme=scheme, split=False)
 
 
 def _byte_level_bpe(info: Any, vocab_file: Path, merges_file: Path) -> Any:
@@ -160,7 +179,7 @@ def _byte_level_bpe(info: Any, vocab_file: Path, merges_file: Path) -> Any:
         return None
     merges = [(a, b) for a, b in pairs]
     tok = Tokenizer(models.BPE(vocab, merges, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=_folder_flag(info, "add_prefix_space", False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=_folder_value(info, "add_prefix_space", False))
     tok.decoder = decoders.ByteLevel()
     return tok
 
@@ -175,18 +194,19 @@ def _wordpiece(info: Any, source: Path) -> Any:
         return None
     tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
     tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
-                                                lowercase=_folder_flag(info, "do_lower_case", True))
+                                                lowercase=_folder_value(info, "do_lower_case", True))
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     return tok
 
 
-def _folder_flag(info: Any, key: str, default: bool) -> bool:
+def _folder_value(info: Any, key: str, default: Any) -> Any:
+    """A value of the folder's tokenizer_config.json (its reader's bounded JSON), of `default`'s type."""
     from ckptfix.tokenizers import _read_optional_json
 
     if info.kind != "hf-folder":
         return default
     value = _read_optional_json(Path(info.path) / "tokenizer_config.json").get(key, default)
-    return value if isinstance(value, bool) else default
+    return value if isinstance(value, type(default)) else default
 
 
 def _with_added(tok: Any, info: Any, without: frozenset[str], library: str) -> Segmenter | None:
