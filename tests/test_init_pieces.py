@@ -147,3 +147,25 @@ def test_default_init_follows_whether_the_old_tokenizer_is_known(tmp_path):
     assert ckptfix.repair(path, new, dry_run=True).plan.init == "mean"
     assert ckptfix.repair(path, new, dry_run=True, from_tokenizer=old).plan.init == "pieces"
     assert ckptfix.repair(path, new, dry_run=True, from_tokenizer=old, init="zeros").plan.init == "zeros"
+
+
+def test_an_old_tokenizer_with_no_segmenter_is_named_in_the_plan(tmp_path):
+    """A tiktoken rank file of no known family (its pre-tokenizer pattern unknown) spells nothing: every new
+    row gets the fallback and the plan says why, never a silent mean."""
+    import base64
+    import json
+
+    from ckptfix.tokenizer_formats import BYTE_ALPHABET
+
+    old, new, _ = _byte_level(tmp_path, [" zzqx", " héllo"])
+    back = {c: b for b, c in enumerate(BYTE_ALPHABET)}
+    vocab = json.loads(old.read_text())["model"]["vocab"]
+    ranks = tmp_path / "old.tiktoken"
+    ranks.write_text("".join(f"{base64.b64encode(bytes(back[c] for c in t)).decode()} {i}\n"
+                             for t, i in sorted(vocab.items(), key=lambda kv: kv[1])))
+    info = load_tokenizer(ranks)
+    assert info.kind == "tiktoken:tiktoken" and load_segmenter(info) is None
+    path, _ = _checkpoint(tmp_path, info.size)
+    plan = ckptfix.repair(path, new, dry_run=True, from_tokenizer=ranks).plan
+    assert plan.init == "pieces"
+    assert any("no new row has pieces (a tiktoken file of no known family" in n for n in plan.notes), plan.notes
