@@ -349,8 +349,10 @@ def piece_rows(source: np.ndarray, new_tok: Any, old_tok: Any, old_rows: int) ->
     """For every new row (source == -1) whose token's text the old tokenizer can spell: the old rows of
     those pieces. `old_tok` None: the new tokenizer spells it without its new added tokens, with only rows
     kept by id (a tokenizer grown by `add_tokens`: its base model is the old tokenizer)."""
-    new_table = new_tok.id_to_token()
     new_rows = np.flatnonzero(source < 0).tolist()
+    if not new_rows:
+        return {}
+    new_table = new_tok.id_to_token()
     added = {token_id: content for token_id, content, _ in new_tok.added_tokens}
     without = frozenset(added[j] for j in new_rows if j in added) if old_tok is None else frozenset()
     old_seg = load_segmenter(old_tok if old_tok is not None else new_tok, without)

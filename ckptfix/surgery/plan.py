@@ -312,8 +312,7 @@ def _note_pieces(plan: RepairPlan) -> None:
     if edit is None or not edit.plan.new:
         return
     spelled = len(edit.plan.pieces)
-    speller = plan.from_tokenizer or plan.tokenizer
-    why = why_no_segmenter(speller)
+    why = why_no_segmenter(plan.from_tokenizer or plan.tokenizer) if not spelled else None
     if why is not None:
         plan.notes.append(f"--init pieces: no new row has pieces ({why}); all {edit.plan.new} start from the "
                           "mean with small noise")
