@@ -51,11 +51,12 @@ class Segmenter:
 def load_segmenter(info: Any, without: frozenset[str] = frozenset()) -> Segmenter | None:
     """The encoder of a `TokenizerInfo`'s tokenizer, leaving out the added tokens in `without`; None where
     ckptfix has no library for its format (`why_no_segmenter` says why)."""
-    return _load(info, without)
+    return _load(_unwrap(info), without)
 
 
 def why_no_segmenter(info: Any) -> str | None:
     """Why `load_segmenter(info)` is None (None when it is not)."""
+    info = _unwrap(info)
     if _load(info, frozenset()) is not None:
         return None
     if info.kind in ("clip-bpe", "rwkv"):
@@ -352,6 +353,7 @@ def piece_rows(source: np.ndarray, new_tok: Any, old_tok: Any, old_rows: int) ->
     new_rows = np.flatnonzero(source < 0).tolist()
     if not new_rows:
         return {}
+    new_tok, old_tok = _unwrap(new_tok), _unwrap(old_tok)
     new_table = new_tok.id_to_token()
     added = {token_id: content for token_id, content, _ in new_tok.added_tokens}
     without = frozenset(added[j] for j in new_rows if j in added) if old_tok is None else frozenset()
@@ -371,3 +373,9 @@ def piece_rows(source: np.ndarray, new_tok: Any, old_tok: Any, old_rows: int) ->
         if ids:
             out[j] = tuple(ids)
     return out
+
+
+def _unwrap(tok: Any) -> Any:
+    """The TokenizerInfo inside the guard's resize target (`resume_plan._Target.tokens`), else `tok` itself."""
+    inner = getattr(tok, "tokens", None)
+    return inner if inner is not None else tok
