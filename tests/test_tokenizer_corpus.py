@@ -1,9 +1,11 @@
 """Real tokenizer files shipped by registry packages (fixtures/tokenizer_corpus.py), read with the size their
-own library reports, and inspected against a checkpoint of a real model class with that model's rows.
+own library reports, inspected against a checkpoint of a real model class with that model's rows, and
+segmented by `--init pieces` exactly as the encoder users' code builds from the file (the agreement table).
 
 The whole corpus is `long` (pytest -m long); the files of the small packages (GPT-2's encoder.json and
-vocab.bpe, Whisper's two tiktoken files, CLIP's merges, RWKV's world vocab) run in the default slice when
-cached (.ci/run fetches them). Nothing is downloaded here: an uncached file skips.
+vocab.bpe, Whisper's two tiktoken files and its two HF assets folders, CLIP's merges, RWKV's world vocab,
+BERT's vocab.txt) run in the default slice when cached (.ci/run fetches them). Nothing is downloaded here:
+an uncached file skips.
 """
 
 from __future__ import annotations
