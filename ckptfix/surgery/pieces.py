@@ -146,7 +146,10 @@ def _tokenizer_json(info: Any, source: Path, without: frozenset[str]) -> Segment
     else:
         tok = Tokenizer.from_str(data.decode("utf-8"))
     library = "tokenizers"
-    if info.kind == "hf-folder" and _folder_value(info, "tokenizer_class", "") in ("LlamaTokenizer", "LlamaTokenizerFast"):
+    # transformers 5's AutoTokenizer builds a LlamaTokenizer for a folder that declares one, unless its
+    # tokenizer.json is byte-level (Llama 3, DeepSeek-V3 declare it too): then the file's own pipeline.
+    if (info.kind == "hf-folder" and _spelling(info) != "byte"
+            and _folder_value(info, "tokenizer_class", "") in ("LlamaTokenizer", "LlamaTokenizerFast")):
         _as_transformers_llama(tok, info)
         library = "tokenizers (pipeline as transformers' LlamaTokenizer)"
     return _with_added(tok, info, without, library)
