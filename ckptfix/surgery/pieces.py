@@ -65,7 +65,8 @@ def why_no_segmenter(info: Any) -> str | None:
         return "a tiktoken file of no known family: its pre-tokenizer pattern is unknown"
     if info.kind == "vocab.json":
         return "a vocab.json without merges.txt / vocab.bpe beside it cannot be encoded"
-    return f"its library could not load {info.source}"
+    return (f"the library built from {info.source} numbers its added tokens otherwise than the files declare, "
+            "or a file it needs is malformed")
 
 
 @lru_cache(maxsize=4)
