@@ -234,6 +234,11 @@ def _load_folder(folder: Path) -> TokenizerInfo:
     named = _named_special_tokens(config, _read_optional_json(folder / "special_tokens_map.json") if legacy else {})
     for content in named:
         vocab.add(content, True)  # transformers appends named special tokens missing from the vocabulary
+    if source.name == "vocab.json":  # Whisper's own HF assets folders: the 1607 rows its code adds
+        from ckptfix.tokenizer_formats import whisper_code_specials
+
+        for content in whisper_code_specials(_read_bytes(source), set(vocab.added) | set(vocab.base_ids)):
+            vocab.add(content, True)
     return vocab.finish(folder, "hf-folder", source, tuple(named) + specials)
 
 
