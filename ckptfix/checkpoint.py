@@ -32,6 +32,9 @@ class ByteRange:
     file: str
     start: int
     length: int
+    # a zip whose `byteorder` record says "big" (written on a big-endian machine): values are read
+    # byte-swapped, as torch.load reads them; writers that copy bytes raw refuse such a range
+    big_endian: bool = False
 
 
 @dataclass
@@ -100,8 +103,10 @@ class TensorInfo:
             raise UnreadableCheckpoint(f"{self.name}: a quantized tensor ({self.dtype}); ckptfix reads its integers "
                                        "only, not its scales: load it with torch.load")
         stride = self.stride if self.stride is not None else self.contiguous_stride()
-        return stored_to_torch(_mapped_storage(self, writable=True), self.dtype).as_strided(
-            self.shape, stride, self.offset)
+        storage = _mapped_storage(self, writable=True)
+        if not storage.dtype.isnative:  # a big-endian archive: torch takes native bytes only (a copy)
+            storage = storage.astype(storage.dtype.newbyteorder("="))
+        return stored_to_torch(storage, self.dtype).as_strided(self.shape, stride, self.offset)
 
 
 _MAPS: dict[tuple, mmap.mmap] = {}
@@ -187,6 +192,8 @@ def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
         raise UnreadableCheckpoint(f"{tensor.name}: cannot read dtype {tensor.dtype}")
     itemsize = np.dtype(np_dtype).itemsize
     count = where.length // itemsize
+    if where.big_endian:
+        np_dtype = np.dtype(np_dtype).newbyteorder(">")
     if count == 0:
         return np.zeros(0, dtype=np_dtype)
     try:
@@ -199,6 +206,11 @@ def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
 
 
 def _read_numpy(tensor: TensorInfo) -> np.ndarray:
+    if tensor.numel == 0:  # no bytes to map; numpy refuses some empty shapes torch allows ((0, 2**62): "too big")
+        try:
+            return np.empty(tensor.shape, dtype=tensor.read_dtype())
+        except ValueError:
+            return np.empty(0, dtype=tensor.read_dtype())  # the same zero values; the shape stays in TensorInfo
     storage = _mapped_storage(tensor)
     stride = tensor.stride if tensor.stride is not None else tensor.contiguous_stride()
     last = tensor.offset + sum((d - 1) * s for d, s in zip(tensor.shape, stride)) if tensor.numel else 0
@@ -223,6 +235,17 @@ def collapse_repeats(array: np.ndarray, keep: tuple[int, ...] | None = None) -> 
         else:
             index.append(slice(None))
     return (array[tuple(index)], weight) if weight > 1 else (array, 1)
+
+
+def distinct_stored(array: np.ndarray) -> tuple[np.ndarray, int]:
+    """The storage elements a view addresses, each once, and how many view elements each stands for (exact for
+    stride-0 dimensions; for an overlapping view, the span it covers with weight 1). A 4M x 64 view of one
+    64-value row costs 64 values: a walk of its elements would be a tree walk of a DAG."""
+    values, weight = collapse_repeats(array)
+    if overlaps_itself(values):
+        span = sum((d - 1) * s for d, s in zip(values.shape, values.strides)) // values.itemsize + 1
+        values, weight = np.lib.stride_tricks.as_strided(values, (span,), (values.itemsize,), writeable=False), 1
+    return values, weight
 
 
 def overlaps_itself(array: np.ndarray) -> bool:
@@ -389,6 +412,9 @@ class Checkpoint:
     pickles: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # component -> file, for folder formats
     handle: Any = None  # the format's open source (e.g. the zip member table), for verify and writers
+    # why torch.load(weights_only=True) refuses the pickle beyond the objects in `raw` (globals a rebuild
+    # consumed, opcodes of another pickle protocol): CKF704 names them with the objects
+    weights_only_refusals: list[str] = field(default_factory=list)
     # False when `model` is not in the model's registration order (safetensors stores tensors sorted by
     # name), so optimizer indices cannot be matched to parameters by position.
     ordered: bool = True

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptfix.checkpoint import TensorInfo
-from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDevice, TorchDtype
+from ckptfix.formats.pickle_safe import OpaqueObject, RebuiltTensor, TensorRef, TorchDevice, TorchDtype, TorchLayout
 
 
 def plain(value: Any) -> Any:
@@ -26,7 +26,10 @@ def _plain(value: Any, depth: int, budget: list[int]) -> Any:
     budget[0] -= 1
     if isinstance(value, (TensorInfo, TensorRef)):
         return {"tensor": list(value.shape), "dtype": value.dtype}
-    if isinstance(value, (TorchDtype, TorchDevice)):
+    if isinstance(value, RebuiltTensor):  # sparse, nested, meta
+        return {"tensor": list(value.shape) if value.shape is not None else None, "dtype": value.dtype,
+                "kind": value.kind}
+    if isinstance(value, (TorchDtype, TorchDevice, TorchLayout)):
         return repr(value)
     if isinstance(value, OpaqueObject):
         return {"object": value.cls}

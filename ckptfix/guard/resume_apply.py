@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.guard.problems import Problem
 from ckptfix.guard.resume_plan import ResumePlan
 from ckptfix.guard.setup import named_params, unwrap_optimizer
@@ -82,7 +83,7 @@ class Values:
         if file not in self._locators:
             handle = self.ckpt.handle
             if file == self.ckpt.path and hasattr(handle, "record_range"):
-                self._locators[file] = lambda storage: (lambda: handle.record_range(storage.key))
+                self._locators[file] = lambda storage: (lambda: handle.record_range(storage.key, DTYPE_SIZES[storage.dtype]))
             else:
                 from ckptfix.formats import torch_file
 
