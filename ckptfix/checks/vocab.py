@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
 from ckptfix.fit import Fit, fit_rows
-from ckptfix.recorded import recorded_rows
+from ckptfix.recorded import megatron_padding, recorded_rows
 from ckptfix.vocab import VocabTensor
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
@@ -41,7 +41,8 @@ def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
 def _fits(ctx: Context, verdicts: tuple[str, ...]) -> list[tuple[VocabTensor, Fit]]:
     """Vocab tensors with more rows than the tokenizer whose fit is one of `verdicts`."""
     recorded = recorded_rows(ctx.ckpt.extras)
-    fits = [(v, fit_rows(v.rows, ctx.tokenizer.size, v.rows if v.rows in recorded else None))
+    fits = [(v, fit_rows(v.rows, ctx.tokenizer.size, v.rows if v.rows in recorded else None,
+                         (megatron_padding(ctx.ckpt.extras, v.rows) or (None,))[0]))
             for v in _mismatched(ctx, smaller=False)]
     return [(v, f) for v, f in fits if f.verdict in verdicts]
 
