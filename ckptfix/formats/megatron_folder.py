@@ -196,8 +196,11 @@ def _read_optimizer(ckpt: Checkpoint, layout: MegatronLayout, tensors: dict[str,
     layout.sharding_type = saved.get("param_state_sharding_type") if isinstance(
         saved.get("param_state_sharding_type"), str) else None
     layout.optimizer_prefix = ("optimizer",)
-    # the plain optimizer's state_dict; the distributed one nests its inner optimizer's under "optimizer"
+    # the plain optimizer's state_dict; the distributed one nests its inner optimizer's under "optimizer", or
+    # (dp_reshardable) keeps it in a sharded object beside its buffers
     inner = saved["optimizer"] if isinstance(saved.get("optimizer"), dict) else saved
+    if "param_groups" not in inner:
+        inner = _bucket_optimizer(layout) or inner
     groups = inner["param_groups"] if isinstance(inner.get("param_groups"), list) else []
     state: dict[str, dict[str, Any]] = {}
     for fqn, info in tensors.items():
@@ -220,6 +223,8 @@ def _read_optimizer(ckpt: Checkpoint, layout: MegatronLayout, tensors: dict[str,
             entries["step"] = step
     params = list(state)
     sd = {"state": state, "param_groups": _groups(groups, params, ckpt.model)}
+    if layout.flat_buckets:  # the buffers name no parameter: the groups' options only
+        sd["param_groups"] = [{**g, "params": []} for g in sd["param_groups"]]
     ckpt.optimizer = common.parse_optimizer(sd, None, f"{layout.iteration_dir}: optimizer")
     ckpt.sections["optimizer"] = f"{COMMON}:optimizer + optimizer.state.*"
     if layout.flat_buckets:
@@ -227,6 +232,17 @@ def _read_optimizer(ckpt: Checkpoint, layout: MegatronLayout, tensors: dict[str,
     if params and groups:
         ckpt.notes.append("Megatron does not store which parameter is in which param group: groups assigned by its "
                           "default rule (biases and 1-D parameters without weight decay)")
+
+
+def _bucket_optimizer(layout: MegatronLayout) -> dict | None:
+    """dp_reshardable: the inner optimizer's state_dict (its param_groups) saved as a sharded object."""
+    for fqn, item in layout.items.items():
+        if fqn.startswith(DISTRIBUTED_PREFIX) and ".optimizer/shard_" in fqn and not item.is_tensor:
+            value = dcp_folder.object_value(layout.iteration_dir, item, False)
+            value = value[0] if isinstance(value, list) and value else value
+            if isinstance(value, dict) and isinstance(value.get("param_groups"), list):
+                return value
+    return None
 
 
 def _step(saved: dict, locate_for: common.Locator) -> float | None:
