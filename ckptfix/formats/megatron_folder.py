@@ -222,9 +222,10 @@ def _read_optimizer(ckpt: Checkpoint, layout: MegatronLayout, tensors: dict[str,
         if step is not None:
             entries["step"] = step
     params = list(state)
-    sd = {"state": state, "param_groups": _groups(groups, params, ckpt.model)}
+    param_groups = _groups(groups, params, ckpt.model)
     if layout.flat_buckets:  # the buffers name no parameter: the groups' options only
-        sd["param_groups"] = [{**g, "params": []} for g in sd["param_groups"]]
+        param_groups = [{**g, "params": []} for g in param_groups]
+    sd = {"state": state, "param_groups": param_groups}
     ckpt.optimizer = common.parse_optimizer(sd, None, f"{layout.iteration_dir}: optimizer")
     ckpt.sections["optimizer"] = f"{COMMON}:optimizer + optimizer.state.*"
     if layout.flat_buckets:
