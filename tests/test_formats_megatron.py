@@ -58,6 +58,17 @@ def run(*args: object) -> Result:
     return Result(code, out.getvalue() + err.getvalue())
 
 
+def test_committed_copies_are_what_the_fixture_script_built():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("megatron_fixtures", FIXTURES.parent / "megatron.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.MEGATRON_CORE == "0.16.1"
+    for name in script.COMMIT:
+        assert script.values_sha256(FIXTURES / name) == script.SHA256[name], name
+
+
 def test_reads_the_save_folder_and_the_iteration_folder():
     for path in (ADAM_TP2, ADAM_TP2 / "iter_0000002"):
         assert detect(str(path)) == "megatron"
