@@ -228,3 +228,33 @@ def test_metadata_calling_a_planner_class_is_refused(tmp_path):
     assert result.exit_code == 2
     assert "SavePlan(...) called" in result.output
     assert "--trust-pickle does not apply" in result.output
+
+
+@pytest.mark.parametrize("damage, expected", [
+    ("tracker-missing-iteration", "latest_checkpointed_iteration.txt: names iteration 7, but iter_0000007/ is not a "
+                                  "torch_dist checkpoint"),
+    ("tracker-garbage", "latest_checkpointed_iteration.txt: expected an iteration number or 'release'"),
+    ("common-truncated", "common.pt"),
+    ("args-not-a-namespace", "common.pt: args is a int, not an argparse.Namespace"),
+])
+def test_bad_input_is_one_line_and_exit_2(damage, expected, toks, tmp_path):
+    import torch
+
+    work = tmp_path / "save"
+    shutil.copytree(ADAM_TP2, work)
+    common = work / "iter_0000002" / "common.pt"
+    if damage == "tracker-missing-iteration":
+        (work / "latest_checkpointed_iteration.txt").write_text("7")
+    elif damage == "tracker-garbage":
+        (work / "latest_checkpointed_iteration.txt").write_bytes(b"\xff\x00 seven")
+    elif damage == "common-truncated":
+        common.write_bytes(common.read_bytes()[:100])
+    else:
+        tree = torch.load(common, weights_only=False)
+        torch.save({**tree, "args": 5}, common)
+    for argv in (["inspect", work, "-t", toks[1]], ["repair", work, "-t", toks[1], "-o", tmp_path / "out"]):
+        result = run(*argv)
+        assert result.exit_code == 2, result.output
+        assert expected in result.output and "Traceback" not in result.output
+        assert len(result.output.strip().splitlines()) == 1, result.output
+    assert not (tmp_path / "out").exists()

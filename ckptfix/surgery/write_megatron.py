@@ -69,8 +69,9 @@ def plan_notes(plan: RepairPlan) -> list[str]:
         raise RepairError(f"{plan.ckpt.path}: Megatron keeps the schedule in {COMMON}'s opt_param_scheduler, "
                           "which --policy reset does not rewrite; use --policy fresh and start the schedule again "
                           "with Megatron-LM's --override-opt_param-scheduler")
-    notes = [f"Megatron: the vocab tensors{', their moments' if plan.moments else ''}"
-             f"{' and fp32 master copies' if layout.master_items and not plan.drop_optimizer_state else ''} "
+    parts = ["the vocab tensors"] + (["their moments"] if plan.moments else []) + (
+        ["their fp32 master copies"] if layout.master_items and not plan.drop_optimizer_state else [])
+    notes = [f"Megatron: {', '.join(parts[:-1]) + ' and ' + parts[-1] if len(parts) > 1 else parts[0]} "
              f"are written as one piece each (loads at any TP size); {COMMON} args updated; the cached save plans "
              "are left out of .metadata (Megatron makes new ones on its next save)"]
     if plan.drop_optimizer_state:
