@@ -258,3 +258,33 @@ def test_bad_input_is_one_line_and_exit_2(damage, expected, toks, tmp_path):
         assert expected in result.output and "Traceback" not in result.output
         assert len(result.output.strip().splitlines()) == 1, result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_megatron_enums_in_args_are_data(toks, tmp_path, monkeypatch):
+    """Megatron-LM's args hold Megatron's enums (`attention_backend=AttnBackend.auto`, a call `AttnBackend(5)` in
+    the pickle): inspect reads them without --trust-pickle, repair writes them back as read."""
+    import enum
+    import sys
+    import types
+
+    import torch
+
+    class AttnBackend(enum.Enum):
+        auto = 5
+
+    names = ["megatron", "megatron.core", "megatron.core.transformer", "megatron.core.transformer.enums"]
+    for name in names:
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    AttnBackend.__module__, AttnBackend.__qualname__ = "megatron.core.transformer.enums", "AttnBackend"
+    sys.modules["megatron.core.transformer.enums"].AttnBackend = AttnBackend  # type: ignore[attr-defined]
+    work = tmp_path / "save"
+    shutil.copytree(ADAM_TP2, work)
+    common = work / "iter_0000002" / "common.pt"
+    tree = torch.load(common, weights_only=False)
+    tree["args"].attention_backend = AttnBackend.auto
+    torch.save(tree, common)
+    assert read_checkpoint(work).extras["args"]["padded_vocab_size"] == ROWS
+    result = run("repair", work, "-t", toks[1], "-o", tmp_path / "fixed")
+    assert result.exit_code == 0, result.output
+    args = torch.load(tmp_path / "fixed" / "iter_0000002" / "common.pt", weights_only=False)["args"]
+    assert args.attention_backend is AttnBackend.auto and args.padded_vocab_size == 512

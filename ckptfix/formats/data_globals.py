@@ -143,6 +143,17 @@ DATA_CLASSES: dict[str, DataClass] = {
        for n in KNOWN_ENUMS},
 }
 DATA_CALLS: frozenset[str] = frozenset(n for n, c in DATA_CLASSES.items() if c.call)
+
+# Megatron-Core's enums in Megatron-LM's saved `args` (`attention_backend=AttnBackend.auto`), pickled as the call
+# `Cls(value)`: read as inert values by the Megatron reader, written back as read by the torch writer; ckptfix
+# never calls them (loading the output calls them exactly as loading the input did).
+ENUM_MODULES = ("megatron.core.",)
+
+
+def is_enum_value(obj: Any) -> bool:
+    return (isinstance(obj, OpaqueObject) and obj.called and obj.cls.startswith(ENUM_MODULES)
+            and len(obj.args) == 1 and type(obj.args[0]) in (int, str) and obj.state is None
+            and not obj.items and not obj.kwargs)
 _OMEGA_NODE = "omegaconf.nodes."
 _NUMPY_CODE = re.compile(r"[biufc]\d{1,2}")
 
