@@ -16,7 +16,8 @@ What differs from a plain DCP save:
   Tensor-parallel ranks save their row ranges of the vocab tensors as pieces of one global tensor.
 - optimizer state (plain optimizer, and the distributed optimizer's `fully_reshardable` layout):
   `optimizer.state.<key>.<fqn>` with key `exp_avg`/`exp_avg_sq`, plus `optimizer.state.param.<fqn>`, the
-  distributed optimizer's fp32 master copy of the weight (its new rows are the new weights' rows). Which
+  distributed optimizer's fp32 master copy of the weight (its new rows are the new weights' rows; the plain
+  optimizer's under bf16 is `optimizer.state.fp32_param.<fqn>`). Which
   parameter is in which param group is not stored (common.pt keeps the groups' options only): Megatron
   rebuilds it with its default rule, biases and 1-D parameters (per layer) without weight decay, which is
   what the groups here are built with (noted in the report).
@@ -49,7 +50,9 @@ COMMON = "common.pt"
 BACKEND = "metadata.json"
 STATE_PREFIX = "optimizer.state."
 DISTRIBUTED_PREFIX = "optimizer.distributed."
-MASTER_KEY = "param"  # fully_reshardable's fp32 master copy: a weight, not a moment
+# fp32 master copies of the weights, not moments: fully_reshardable's `param`; `fp32_param` is the plain
+# optimizer's under bf16/fp16 (Float16OptimizerWithFloat16Params; read the same way, not built by the fixtures)
+MASTER_KEYS = ("param", "fp32_param")
 RESHARDABLE_FLAG = "--dist-ckpt-optim-fully-reshardable"
 _ITER = re.compile(r"iter_\d{7}|release")
 
@@ -219,7 +222,7 @@ def _read_optimizer(ckpt: Checkpoint, layout: MegatronLayout, tensors: dict[str,
         if name not in ckpt.model:
             ckpt.notes.append(f"{fqn}: optimizer state of {name!r}, which is not a model tensor; kept as is")
             continue
-        if key == MASTER_KEY:
+        if key in MASTER_KEYS:
             layout.master_items[name] = fqn
             continue
         state.setdefault(name, {})[key] = info
