@@ -18,6 +18,7 @@ import numpy as np
 
 from ckptfix.dtypes import DTYPE_SIZES, FLOAT_DTYPES, NUMPY_DTYPES, QUANTIZED_DTYPES, contiguous_stride
 from ckptfix.errors import UnreadableCheckpoint
+from ckptfix.untrusted import check_inside
 
 
 @dataclass(frozen=True)
@@ -154,6 +155,7 @@ def file_map(path: str, writable: bool = False) -> mmap.mmap:
     if mapped is None or mapped.closed:
         if st.st_size == 0:
             raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
+        check_inside(path)  # a data file below an input folder must live in it (never through a link out)
         if writable:  # private writes must stay visible through the map: no pread() shortcut
             with open(path, "rb") as f:
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
@@ -314,6 +316,8 @@ class Checkpoint:
     notes: list[str] = field(default_factory=list)
     sections: dict[str, str] = field(default_factory=dict)  # "model" -> "model" key or file name
     raw: Any = None  # the format's own tree (the unpickled dict for torch files), for writers
+    # a folder's other pickled files as read (optimizer.pt, a .bin shard...), by name: what CKF704/706 walk too
+    pickles: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # component -> file, for folder formats
     handle: Any = None  # the format's open source (e.g. the zip member table), for verify and writers
     # False when `model` is not in the model's registration order (safetensors stores tensors sorted by

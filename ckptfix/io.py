@@ -50,6 +50,46 @@ def _describe(exc: OSError, path: str) -> str:
     return f"{path}: write failed ({exc.strerror or exc}); nothing was written"
 
 
+# Every file ckptfix creates: never through a link, never onto an entry someone else put there.
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def create_file(path: str, *, replace: bool = False) -> BinaryIO:
+    """A new file at `path`, opened O_CREAT|O_EXCL|O_NOFOLLOW (a planted link or file makes it fail, it is
+    never written through). `replace=True` is for ckptfix's own temporary folders only: the entry already at
+    `path` (a copy of the input's, about to be rewritten; a link stays a link there) is unlinked first."""
+    if replace and (os.path.islink(path) or os.path.isfile(path)):
+        os.unlink(path)  # the entry itself: a link is removed, its target never touched
+    try:
+        fd = os.open(path, _NEW_FILE, 0o666)
+    except FileExistsError:
+        raise RepairError(f"{path}: already exists (ckptfix creates its files new and never writes through a "
+                          "link or onto another file); move it away and run again") from None
+    return os.fdopen(fd, "wb")
+
+
+def move_new(src: str, dst: str) -> None:
+    """Move `src` to the new name `dst` in the same file system; an entry already at `dst` (a planted link)
+    makes it fail instead of being replaced (link then unlink: `os.link` never overwrites)."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except FileExistsError:
+        raise RepairError(f"{dst}: already exists; move it away and run again") from None
+    os.unlink(src)
+
+
+def write_new(path: str, data: bytes, *, replace: bool = False) -> None:
+    with create_file(path, replace=replace) as f:
+        f.write(data)
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """`path` replaced by `data` atomically: a temp of a unique name (mkstemp: O_EXCL|O_NOFOLLOW), fsync,
+    `os.replace` (which replaces a link at `path`, never writes through it), fsync of the folder."""
+    with atomic_file(path) as f:
+        f.write(data)
+
+
 def backup_path(path: str) -> str:
     """`path.bak`, or `path.bak1`, ... : the first name not taken."""
     backup, n = f"{path}.bak", 1
@@ -389,7 +429,7 @@ def clone_file(src: str, dst: str) -> str:
     if os.path.islink(src):  # reproduced as a link, never followed out of the folder (see copy_input_entry)
         _copy_link(src, dst, os.path.dirname(src))
         return "link"
-    with open_regular(src, error=RepairError) as fin, open(dst, "xb") as fout:  # never a FIFO or device
+    with open_regular(src, error=RepairError) as fin, create_file(dst) as fout:  # never a FIFO or device
         method = _clone(fin.fileno(), fout.fileno()) or _kernel_copy(fin.fileno(), fout.fileno())
     shutil.copymode(src, dst)
     return method
@@ -404,7 +444,7 @@ def clone_records(src: str, dst: str, keep: list[tuple[int, int]]) -> str:
     written, so the copy costs what `cp` of the records still used would."""
     from ckptfix.untrusted import open_regular
 
-    with open_regular(src, error=RepairError) as fin, open(dst, "xb") as fout:
+    with open_regular(src, error=RepairError) as fin, create_file(dst) as fout:
         method = _clone(fin.fileno(), fout.fileno())
         if method is None:
             method = "copy_file_range"

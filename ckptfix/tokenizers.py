@@ -19,7 +19,7 @@ from typing import Any
 
 from ckptfix.errors import TokenizerError
 from ckptfix.protobuf import varint as _varint
-from ckptfix.untrusted import MAX_TOKENIZER_BYTES, parse_json, read_bounded
+from ckptfix.untrusted import MAX_TOKENIZER_BYTES, input_root, parse_json, read_bounded
 
 __all__ = ["TokenizerInfo", "load_tokenizer"]
 
@@ -94,6 +94,7 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
     except OSError as exc:  # e.g. a name too long for the file system
         raise tokenizer_error(p, f"cannot access: {exc.strerror or exc}") from None
     if is_dir:
+        input_root(p)
         return _load_folder(p)
     if not exists:
         raise tokenizer_error(p, "no such file or folder")

@@ -78,11 +78,55 @@ def check_input(path: str | os.PathLike, *, error: type[Exception] = UnreadableC
     return st
 
 
+# --- folders: what lives in them ---------------------------------------------------------------------
+# Every folder a user names as input (a checkpoint folder, a tokenizer folder) is registered here; a file read
+# below one must resolve inside it. A link out of the folder is refused where the file is opened (one place:
+# `open_regular`, which every reader uses), so its target's bytes are never read, reported or copied into OUT.
+_INPUT_ROOTS: dict[str, str] = {}  # the folder as named (absolute) -> the real folder its files must live in
+
+
+def input_root(path: str | os.PathLike) -> None:
+    """Register `path` (when a folder) as an input folder: files read below it must resolve inside it."""
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path) and path not in _INPUT_ROOTS:
+        _INPUT_ROOTS[path] = _anchor(os.path.realpath(path))
+
+
+def _anchor(real: str) -> str:
+    """The folder an input folder's files may live in: itself, or for a Hugging Face hub cache snapshot
+    (`models--ORG--NAME/snapshots/REV/`, whose files are links to `../../blobs/`) its repository folder."""
+    snapshots = os.path.dirname(real)
+    repo = os.path.dirname(snapshots)
+    if os.path.basename(snapshots) == "snapshots" and os.path.basename(repo).startswith(("models--", "datasets--")):
+        return repo
+    return real
+
+
+def check_inside(path: str | os.PathLike, *, error: type[Exception] = UnreadableCheckpoint) -> None:
+    """Refuse a file below a registered input folder that resolves outside it (through a link in its name or
+    in a folder on the way, or `..`)."""
+    if not _INPUT_ROOTS:
+        return
+    named = os.fspath(path)
+    absolute = os.path.abspath(named)  # `..` collapsed
+    parts = os.path.join(os.getcwd(), named).split(os.sep)
+    spelled = os.sep + os.sep.join(p for p in parts if p not in ("", "."))  # `..` kept: a name climbing out
+    for root, anchor in _INPUT_ROOTS.items():  # below it as resolved, or as spelled
+        if not (absolute.startswith(root + os.sep) or spelled.startswith(root + os.sep)):
+            continue
+        real = os.path.realpath(named)
+        if not real.startswith(anchor + os.sep):
+            raise error(f"{escape(named)}: leads out of the input folder {escape(root)} (to {escape(real)}); "
+                        "ckptfix reads only what lives in the folder: copy the file in, or name its folder "
+                        "itself")
+
+
 def open_regular(path: str | os.PathLike, *, error: type[Exception] = UnreadableCheckpoint) -> BinaryIO:
     """Open a regular file for reading. A FIFO or device would block or never end: refused from `stat`
     first (a FIFO is never opened), then the open is non-blocking and the check repeated on the opened
-    file, so nothing can be swapped in between."""
+    file, so nothing can be swapped in between. Below an input folder, only a file that lives in it."""
     shown = escape(os.fspath(path))
+    check_inside(path, error=error)
     try:
         st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):

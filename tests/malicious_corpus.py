@@ -344,15 +344,16 @@ def generate(outdir: str | os.PathLike, sentinel: str | os.PathLike | None = Non
             add(Case(f"raw_pickle_{name}_p{proto}", p, "error", refused, evil=True,
                      trusted=("error", r"not a torch\.save file|corrupt pickle"),
                      note="torch.load(weights_only=False) runs it; weights_only=True refuses it"))
-        # Inert records are not callable: a chain that calls a call's result stops at the second call.
-        trusted = ("error", r"corrupt pickle") if name == "getattr_chain" else ("clean", "")
+        # Inert records are not callable: a chain that calls a call's result stops at the second call. Read as
+        # inert records (--trust-pickle), the call is an error finding (CKF706), never data.
+        trusted = ("error", r"corrupt pickle") if name == "getattr_chain" else ("findings", "")
         p = out / f"saved_{name}.pth"
         torch.save({"model": sd, "extra": {"x": [obj]}}, p)
-        add(Case(f"torch_save_nested_{name}", p, "error", refused, evil=True, trusted=trusted,
-                 note="the payload hides in extras; --trust-pickle shows it as an inert object"))
+        add(Case(f"torch_save_nested_{name}", p, "error", refused, codes=("CKF706",), evil=True, trusted=trusted,
+                 note="the payload hides in extras; --trust-pickle reports the call it would make"))
         p = out / f"legacy_{name}.pt"
         torch.save({"model": sd, "extra": {"x": [obj]}}, p, _use_new_zipfile_serialization=False)
-        add(Case(f"torch_legacy_nested_{name}", p, "error", refused, evil=True, trusted=trusted))
+        add(Case(f"torch_legacy_nested_{name}", p, "error", refused, codes=("CKF706",), evil=True, trusted=trusted))
     p = out / "raw_inst_p0.pth"
     p.write_bytes(inst_payload(sentinel))
     add(Case("raw_pickle_inst_opcode", p, "error", r"not a checkpoint", evil=True,
@@ -704,14 +705,14 @@ def generate(outdir: str | os.PathLike, sentinel: str | os.PathLike | None = Non
     folder("trainer_state_only", {"trainer_state.json": state}, "error", r"no weight file")
     folder("optimizer_evil", {"model.safetensors": st_bytes, "trainer_state.json": state,
                               "optimizer.pt": _torch_save_bytes({"state": {}, "param_groups": [], "x": evil["exec"]})},
-           "error", refused, evil=True, trusted=("clean", ""))
+           "error", refused, codes=("CKF706",), evil=True, trusted=("findings", ""))
     folder("weights_evil_bin", {"pytorch_model.bin": _torch_save_bytes({"w": torch.zeros(2), "x": evil["eval"]})},
-           "error", refused, evil=True, trusted=("clean", ""))
+           "error", refused, codes=("CKF706",), evil=True, trusted=("findings", ""))
     folder("training_args_evil", {"model.safetensors": st_bytes, "trainer_state.json": state,
                                   "training_args.bin": _torch_save_bytes(evil["os_system"])}, "clean", evil=True,
            note="training_args.bin is always read as inert records")
     folder("scheduler_evil", {"model.safetensors": st_bytes, "scheduler.pt": _torch_save_bytes({"x": evil["popen"]})},
-           "error", refused, evil=True, trusted=("clean", ""))
+           "error", refused, codes=("CKF706",), evil=True, trusted=("findings", ""))
     folder("optimizer_is_directory", {"model.safetensors": st_bytes, "optimizer.pt": None}, "error", r"optimizer\.pt")
     folder("weights_is_directory", {"model.safetensors": None, "config.json": "{}"}, "error", r"model\.safetensors")
     folder("optimizer_is_fifo", {"model.safetensors": st_bytes, "optimizer.pt": "FIFO"}, "error", r"not a regular file")

@@ -75,9 +75,10 @@ def test_trust_pickle_reads_the_payload_as_inert_data(tmp_path):
     sentinel = tmp_path / "SENTINEL"
     ckpt = malicious_checkpoint(tmp_path / "ckpt.pth", RunsShell(sentinel))
     proc = ckptfix_cli("inspect", ckpt, "--trust-pickle", "--json", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the call it would make is an error finding, never data
     data = json.loads(proc.stdout)
     assert data["extras"]["callback"] == {"object": "posix.system"}
+    assert [f["code"] for f in data["findings"] if f["severity"] == "error"] == ["CKF706"]
     assert data["model"]["tensors"] == 1
     assert not sentinel.exists()
 

@@ -10,11 +10,15 @@ MAX_LISTED = 6  # objects named in one finding message; the JSON report lists th
 
 
 def _uses(ctx: Context) -> list:
+    import dataclasses
+
     from ckptfix.formats.data_globals import uses
 
-    cached = getattr(ctx, "_weights_only_uses", None)  # two checks read the same walk
+    cached = getattr(ctx, "_weights_only_uses", None)  # three checks read the same walk
     if cached is None:
         cached = uses(ctx.ckpt.raw) if ctx.ckpt.raw is not None else []
+        for name, tree in ctx.ckpt.pickles.items():  # a folder's other pickles: optimizer.pt, a .bin shard
+            cached += [dataclasses.replace(u, path=f"{name}:{u.path}") for u in uses(tree)]
         object.__setattr__(ctx, "_weights_only_uses", cached)
     return cached
 
@@ -31,25 +35,54 @@ def convert_command(path: str) -> str:
 
 @check("CKF704", "warning", "torch.load(weights_only=True) refuses this file",
        "The pickle constructs objects of classes outside torch's weights-only allowlist (argparse.Namespace, "
-       "numpy scalars, pathlib paths, omegaconf configs...). ckptfix read them as data without running anything; "
-       "`ckptfix convert` writes a copy that loads with weights_only=True.")
+       "numpy scalars, pathlib paths, omegaconf configs...). ckptfix read them without running anything; "
+       "`ckptfix convert` writes a copy that loads with weights_only=True. An add_safe_globals line is printed only "
+       "when every class is on ckptfix's data list.")
 def weights_only_refuses(ctx: Context) -> Iterator[Finding]:
-    from ckptfix.formats.data_globals import add_safe_globals_line
-
     refusing = [u for u in _uses(ctx) if u.torch_refuses]
     if not refusing:
         return
     names = sorted({g for u in refusing for g in u.torch_refuses})
     listed = "; ".join(f"{u.path} ({u.cls}{_fields(u.fields)})" for u in refusing[:MAX_LISTED])
     more = f"; and {len(refusing) - MAX_LISTED} more" if len(refusing) > MAX_LISTED else ""
-    convertible = all(u.convertible for u in refusing)
-    fix = (f"{convert_command(ctx.ckpt.path)} (plain values, listed in the output's record); "
-           if convertible else "") + f"or, if you trust the file: {add_safe_globals_line(names)}"
+    code = [c for u in refusing for c in u.runs_code]
     yield finding("CKF704", f"torch.load(weights_only=True) refuses this file because of: {', '.join(names)}; "
-                  f"at {listed}{more}",
-                  pytorch="torch.load() raises 'Weights only load failed ... Unsupported global'. weights_only=False "
-                  "(or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) would run the pickle; ckptfix read it without importing "
-                  "or calling anything: these objects are data.", fix=fix)
+                  f"at {listed}{more}", pytorch=_what_torch_does(refusing, names, code),
+                  fix=_weights_only_fix(ctx.ckpt.path, refusing, names, code))
+
+
+def _what_torch_does(refusing: list, names: list[str], code: list[str]) -> str:
+    from ckptfix.formats.data_globals import safe_to_allowlist
+
+    head = ("torch.load() raises 'Weights only load failed ... Unsupported global'. weights_only=False "
+            "(or TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1) would run the pickle; ckptfix read it without importing or "
+            "calling anything")
+    if code:
+        return f"{head}. It is not data: loading it would call {', '.join(code[:3])}."
+    unknown = [n for n in names if not safe_to_allowlist(n)]
+    if not unknown:
+        return f"{head}: these objects are data."
+    return (f"{head}. The pickle only constructs objects of {', '.join(unknown)} (no call of the file's choosing), "
+            "but loading them runs those classes' own __new__/__setstate__, which ckptfix does not import to check.")
+
+
+def _weights_only_fix(path: str, refusing: list, names: list[str], code: list[str]) -> str:
+    from ckptfix.formats.data_globals import add_safe_globals_line, safe_to_allowlist
+
+    if code:
+        return ("Do not load this file (with weights_only=False or with any allowlist): it runs code when loaded. "
+                "Re-create the checkpoint from a source you trust.")
+    steps = []
+    if all(u.convertible for u in refusing):
+        steps.append(f"{convert_command(path)} (plain values, listed in the output's record)")
+    unknown = [n for n in names if not safe_to_allowlist(n)]
+    if not unknown:
+        steps.append(f"if you trust the file: {add_safe_globals_line(names)}")
+    elif not steps:
+        steps.append(f"re-save these values as plain data (dict, list, numbers, tensors) in the training script; "
+                     f"allowlist {', '.join(unknown)} with torch.serialization.add_safe_globals only if you wrote "
+                     "those classes (ckptfix names no class it cannot check)")
+    return "; or, ".join(steps)
 
 
 @check("CKF705", "warning", "an object ckptfix cannot convert to weights-only data",
@@ -57,7 +90,7 @@ def weights_only_refuses(ctx: Context) -> Iterator[Finding]:
        "arguments, an object array): `ckptfix convert` refuses the file rather than guess.")
 def not_convertible(ctx: Context) -> Iterator[Finding]:
     for u in _uses(ctx):
-        if not u.convertible:
+        if not u.convertible and not u.runs_code:
             yield finding("CKF705", u.why_not,
                           pytorch="torch.load(weights_only=True) refuses it; nothing in it was run by ckptfix.",
                           fix="Re-save this value as plain data (dict, list, numbers, tensors) in the training "
@@ -67,3 +100,16 @@ def not_convertible(ctx: Context) -> Iterator[Finding]:
 def _fields(fields: object) -> str:
     text = repr(fields) if fields is not None else ""
     return f": {text[:80]}{'...' if len(text) > 80 else ''}" if text else ""
+
+
+@check("CKF706", "error", "the pickle runs code when loaded",
+       "A call in the pickle is not data: `copyreg._reconstructor` with a base other than `object` (it runs "
+       "`base.__init__`), or a function outside ckptfix's data list. Seen only where ckptfix reads a pickle as "
+       "inert records (--trust-pickle, an HF folder's training_args.bin); the default read refuses the file.")
+def runs_code(ctx: Context) -> Iterator[Finding]:
+    for u in _uses(ctx):
+        if u.runs_code:
+            yield finding("CKF706", f"{u.path}: loading it would call {', '.join(u.runs_code[:3])}",
+                          pytorch="torch.load(weights_only=False) and pickle.load run these calls; "
+                          "weights_only=True refuses them. ckptfix ran nothing.",
+                          fix="Do not load this file. Re-create the checkpoint from a source you trust.")

@@ -120,6 +120,7 @@ def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "
     from ckptfix.formats.validate import check_checkpoint
 
     path = os.fspath(path)
+    untrusted.input_root(path)
     ckpt = resolve(BY_NAME[detect(path)].read)(path, trust_pickle=trust_pickle)
     if ckpt.record is None:  # a folder's ckptfix.json, or the FILE.ckptfix.json sidecar of a bare state_dict
         from ckptfix.record import read_sidecar

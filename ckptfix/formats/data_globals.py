@@ -141,8 +141,99 @@ DATA_CLASSES: dict[str, DataClass] = {
                  "EnumNode", "UnionNode", "ValueNode")},
     **{n: DataClass("its value (str or int)", "`Enum(value)` looks a member up by value", call=True)
        for n in KNOWN_ENUMS},
+    # Library objects checkpoints hold, constructed (NEWOBJ + BUILD), never called: each class defines no
+    # `__new__` and no `__setstate__` but object's (omegaconf's metadata dataclasses), or a `__setstate__` that
+    # only assigns its fields (omegaconf containers); tests/test_data_calls.py imports each and checks it.
+    **{f"omegaconf.base.{n}": DataClass("(part of its config)", "a dataclass of flags; BUILD sets its fields")
+       for n in ("ContainerMetadata", "Metadata")},
+    **{f"deepspeed.runtime.fp16.loss_scaler.{n}": DataClass("a dict of its attributes",
+                                                            "a plain class: BUILD sets its __dict__")
+       for n in ("LossScaler", "DynamicLossScaler")},
+    "deepspeed.utils.tensor_fragment.fragment_address": DataClass("a dict of its fields",
+                                                                  "a dataclass (numel, start): BUILD sets its fields"),
 }
+# Types a pickle only names (omegaconf's key and element types): allowlisted, calling one builds plain data.
+NAMED_TYPES = frozenset({*(f"builtins.{t}" for t in ("dict", "list", "tuple", "int", "float", "str", "bool", "bytes")),
+                         "typing.Any"})
 DATA_CALLS: frozenset[str] = frozenset(n for n, c in DATA_CLASSES.items() if c.call)
+
+
+# --- which calls are data, judged per argument ------------------------------------------------------
+# A name on the list is not enough: `copyreg._reconstructor(Popen, Popen, argv)` runs `Popen.__init__(argv)`
+# under pickle.load. Each entry's reason holds only for the arguments it assumes, so a call is data only when
+# its arguments are exactly those (tests/test_data_calls.py gives every entry every kind of argument).
+
+def _is_str(x: Any) -> bool:
+    return isinstance(x, str)
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_bytes(x: Any) -> bool:
+    return isinstance(x, (bytes, str))  # protocol 0-2 spell numpy's and datetime's bytes as latin-1 str
+
+
+def _is_record(x: Any, *classes: str) -> bool:
+    return isinstance(x, OpaqueObject) and x.cls in classes and not x.kwargs
+
+
+def _args(*checks: Any, optional: int = 0) -> Any:
+    """A predicate: positional arguments, the last `optional` of which may be absent."""
+    def ok(args: tuple) -> bool:
+        if not len(checks) - optional <= len(args) <= len(checks):
+            return False
+        return all(check(a) for check, a in zip(checks, args))
+    return ok
+
+
+_DTYPE = lambda x: _is_record(x, "numpy.dtype")  # noqa: E731
+_TZ = lambda x: x is None or _is_record(x, "datetime.timezone")  # noqa: E731
+_NONE = lambda x: x is None  # noqa: E731
+_BOOL = lambda x: isinstance(x, bool)  # noqa: E731
+# defaultdict stores its factory and calls it on a missing key after loading: only these builtins are data.
+_PLAIN_FACTORIES = {f"builtins.{t}" for t in ("list", "dict", "set", "int", "float", "str", "tuple", "bool")}
+_ARGUMENTS: dict[str, Any] = {
+    **{f"{m}.scalar": _args(_DTYPE, _is_bytes, optional=1) for m in _NUMPY},
+    "numpy.dtype": _args(_is_str, _BOOL, _BOOL, optional=2),
+    **{f"{m}._reconstruct": _args(lambda x: global_name(x) == "numpy.ndarray",
+                                  lambda x: isinstance(x, tuple) and all(_is_int(d) for d in x), _is_bytes)
+       for m in _NUMPY},
+    **{f"{m}.{p}": lambda args: all(_is_str(a) for a in args) for m in ("pathlib", "pathlib._local") for p in _PATHS},
+    "datetime.datetime": _args(_is_bytes, _TZ, optional=1),
+    "datetime.date": _args(_is_bytes),
+    "datetime.time": _args(_is_bytes, _TZ, optional=1),
+    "datetime.timedelta": _args(_is_int, _is_int, _is_int, optional=2),
+    "datetime.timezone": _args(lambda x: _is_record(x, "datetime.timedelta"), _is_str, optional=1),
+    "collections.deque": _args(lambda x: isinstance(x, (list, tuple)), lambda x: x is None or _is_int(x),
+                               optional=2),
+    "collections.defaultdict": _args(lambda x: x is None or global_name(x) in _PLAIN_FACTORIES
+                                     or (global_name(x) is None and not isinstance(x, OpaqueObject) and callable(x)),
+                                     optional=1),  # the last: a class ckptfix's own allowlist gave (set, Counter)
+    # protocol 0/1's `object.__new__(cls)`: the same as NEWOBJ of cls. Any other base runs base.__init__(state).
+    "copyreg._reconstructor": _args(lambda x: global_name(x) is not None,
+                                    lambda x: global_name(x) == "builtins.object", _NONE),
+    **{n: _args(lambda x: _is_str(x) or _is_int(x)) for n in KNOWN_ENUMS},
+}
+assert set(_ARGUMENTS) == DATA_CALLS, "every data call has its argument rule"
+
+
+def is_data_call(rec: OpaqueObject) -> bool:
+    """Whether a call the pickle makes cannot run code: a data-list global given exactly the arguments its
+    reason assumes (REDUCE), or a construction (NEWOBJ) without arguments. NEWOBJ with arguments is
+    `cls.__new__(cls, *args)` (what `__reduce_ex__` emits for `copyreg.__newobj__`): the class's own `__new__`
+    given values of the file's choosing (numpy.memmap's opens and truncates a file), so data only for a class on
+    the data list. Nested records are judged on their own (each is in the unpickler's `made` list)."""
+    if not rec.called:
+        return not (rec.args or rec.kwargs) or rec.cls in DATA_CLASSES
+    rule = _ARGUMENTS.get(rec.cls)
+    return rule is not None and not rec.kwargs and bool(rule(rec.args))
+
+
+def call_globals(rec: OpaqueObject) -> list[str]:
+    """The globals a call names: the function and any class passed to it (`_reconstructor`'s class and base)."""
+    return [rec.cls, *(n for n in map(global_name, rec.args) if n is not None)]
 
 # Megatron-Core's enums in Megatron-LM's saved `args` (`attention_backend=AttnBackend.auto`), pickled as the call
 # `Cls(value)`: read as inert values by the Megatron reader, written back as read by the torch writer; ckptfix
@@ -169,6 +260,7 @@ class Use:
     fields: Any  # its contents as plain data, for the report
     convertible: bool = True
     why_not: str = ""
+    runs_code: list[str] = field(default_factory=list)  # calls (nested ones included) that are not data
 
     @property
     def torch_refuses(self) -> list[str]:
@@ -177,7 +269,8 @@ class Use:
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "class": self.cls, "how": self.how, "globals": self.globals,
                 "torch_weights_only_refuses": self.torch_refuses, "fields": self.fields,
-                "convertible": self.convertible, **({"why_not": self.why_not} if self.why_not else {})}
+                "convertible": self.convertible, **({"why_not": self.why_not} if self.why_not else {}),
+                **({"runs_code": self.runs_code} if self.runs_code else {})}
 
 
 # --- decoding records into data -------------------------------------------------------------------
@@ -536,11 +629,15 @@ def _spell(crumb: Any) -> str:
 
 def describe(node: Any, path: str) -> Use:
     """One record as a `Use`: its globals, and its fields decoded (or why it cannot be converted)."""
-    names = sorted(_globals_in(node))
+    found, code = _globals_in(node)
+    names = sorted(found)
     where = path or "(top level)"
     cls = global_name(node) or (node.cls if isinstance(node, OpaqueObject) else f"builtins.{type(node).__name__}")
     how = "named" if global_name(node) else "called" if getattr(node, "called", False) else \
         "constructed" if isinstance(node, OpaqueObject) else "built"
+    if code:  # never decoded as data: what it would run is the report
+        return Use(where, cls, how, names, None, convertible=False,
+                   why_not=f"{where}: loading it would call {', '.join(code[:3])}: code, not data", runs_code=code)
     conv = Converter(next_key=0, summary=True)
     try:
         fields = _summary(conv.value(node, path))
@@ -549,9 +646,11 @@ def describe(node: Any, path: str) -> Use:
         return Use(where, cls, how, names, None, convertible=False, why_not=str(exc))
 
 
-def _globals_in(node: Any) -> set[str]:
-    """Every global name a record needs, nested records included (numpy.dtype inside a scalar...), bounded."""
+def _globals_in(node: Any) -> tuple[set[str], list[str]]:
+    """Every global name a record needs, nested records included (numpy.dtype inside a scalar...), and every
+    call among them that is not data (only present when read with --trust-pickle), bounded."""
     out: set[str] = set()
+    code: list[str] = []
     seen: set[int] = set()
     stack, budget = [node], 10_000
     while stack and budget > 0:
@@ -565,6 +664,9 @@ def _globals_in(node: Any) -> set[str]:
             out.add(name)
         elif isinstance(n, OpaqueObject):
             out.add(n.cls)
+            if not is_data_call(n):
+                code.append(describe_call(n))
+                out.update(call_globals(n))
             if n.cls == "numpy.dtype":
                 out.add(_dtype_class(n))  # what BUILD on the dtype needs allowlisted in torch
             if n.cls.endswith("._reconstruct"):
@@ -582,7 +684,27 @@ def _globals_in(node: Any) -> set[str]:
             stack.extend(n.values())
         elif isinstance(n, (list, tuple, set)):
             stack.extend(n)
-    return out
+    return out, code
+
+
+# Globals that ckptfix may name in an `add_safe_globals` line: with them allowlisted, torch's weights-only loader
+# builds only data whatever arguments a file gives (each entry's reason above). `copyreg._reconstructor` is left
+# out: allowlisted, it would call `base.__init__` for any other allowlisted class a file names as base. A class
+# ckptfix does not know (a user's dataclass, a library's object) is never named: under torch.load its own
+# `__new__`/`__setstate__` run, which ckptfix cannot check without importing it. `ckptfix convert` needs neither.
+def safe_to_allowlist(name: str) -> bool:
+    if name.startswith("__builtin__."):
+        name = "builtins." + name.split(".", 1)[1]
+    if name in TORCH_WEIGHTS_ONLY_GLOBALS:
+        return True
+    if name.startswith("numpy.dtypes.") and name.endswith("DType"):  # the class BUILD on a numpy dtype needs
+        return name[len("numpy.dtypes."):-len("DType")] in _NUMPY_DTYPE_CLASSES
+    return name in NAMED_TYPES or (name in DATA_CLASSES and name != "copyreg._reconstructor")
+
+
+_NUMPY_DTYPE_CLASSES = {"Bool", "Int8", "Int16", "Int32", "Int64", "UInt8", "UInt16", "UInt32", "UInt64", "Float16",
+                        "Float32", "Float64", "LongDouble", "Complex64", "Complex128", "CLongDouble", "Byte", "UByte",
+                        "Short", "UShort", "Int", "UInt", "Long", "ULong", "LongLong", "ULongLong"}
 
 
 def _summary(value: Any) -> Any:
@@ -616,6 +738,13 @@ def add_safe_globals_line(names: list[str]) -> str:
 def describe_call(rec: OpaqueObject) -> str:
     """`module.function(arg, ...)` for the refusal message: what loading the file would call, bounded."""
     budget = [12]
+    base = global_name(rec.args[1]) if rec.cls == "copyreg._reconstructor" and len(rec.args) == 3 else None
+    if base not in (None, "builtins.object"):  # copyreg: obj = base.__new__(cls, state); base.__init__(obj, state)
+        return f"{_printable(base or '')}.__init__(<new {_printable(global_name(rec.args[0]) or '?')}>, " \
+               f"{_brief(rec.args[2], budget)})"
+    if not rec.called:  # NEWOBJ
+        return f"{_printable(rec.cls)}.__new__({', '.join(_brief(a, budget) for a in rec.args[:4])}" \
+               f"{', ...' if len(rec.args) > 4 else ''})"
     return f"{_printable(rec.cls)}({', '.join(_brief(a, budget) for a in rec.args[:4])}" \
            f"{', ...' if len(rec.args) > 4 else ''})"
 

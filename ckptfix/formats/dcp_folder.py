@@ -290,9 +290,9 @@ def _fingerprint(item: Item) -> tuple | None:
 
 # --- .metadata -------------------------------------------------------------------------------------
 
-def read_metadata(path: str) -> tuple[dict[str, Item], str | None]:
-    """Every item the `.metadata` pickle describes, by FQN, and the DCP metadata version."""
-    file = os.path.join(path, METADATA_FILE)
+def read_metadata(path: str, name: str = METADATA_FILE) -> tuple[dict[str, Item], str | None]:
+    """Every item the `.metadata` pickle (or its backup `name`) describes, by FQN, and the DCP metadata version."""
+    file = os.path.join(path, name)
     from ckptfix.formats import open_regular
 
     try:

@@ -61,7 +61,7 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     ckpt = Checkpoint(path=path, format=kind)
     weights = _weight_files(path, adapter=(kind == "peft-adapter"))
     for file in weights:
-        ckpt.model.update(_read_weights(file, trust_pickle))
+        ckpt.model.update(_read_weights(file, trust_pickle, ckpt.pickles))
         ckpt.files.setdefault("model", file)
     ckpt.sections["model"] = ", ".join(os.path.basename(f) for f in weights)
     ckpt.ordered = not any(f.endswith(".safetensors") for f in weights)
@@ -108,10 +108,11 @@ def _shards(index_path: str) -> list[str]:
     return [os.path.join(folder, str(s)) for s in shards]
 
 
-def _read_weights(file: str, trust_pickle: bool) -> dict[str, TensorInfo]:
+def _read_weights(file: str, trust_pickle: bool, pickles: dict[str, Any]) -> dict[str, TensorInfo]:
     if file.endswith(".safetensors"):
         return safetensors_file.tensors(file)[0]
     sub = torch_file.read(file, trust_pickle=trust_pickle)
+    pickles[os.path.basename(file)] = sub.raw
     for info in sub.model.values():  # every shard numbers its storages from "0": one namespace per file
         info.storage_id = f"{os.path.basename(file)}:{info.storage_id}"
     return sub.model
@@ -121,6 +122,7 @@ def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> Non
     optimizer = os.path.join(path, "optimizer.pt")
     if os.path.exists(optimizer):
         tree, locate_for, _ = torch_file.load(optimizer, opaque=trust_pickle)
+        ckpt.pickles["optimizer.pt"] = tree
         if not common.is_optimizer_state(tree):
             raise UnreadableCheckpoint(f"{optimizer}: not an optimizer state_dict")
         ckpt.optimizer = common.parse_optimizer(tree, locate_for, optimizer)
@@ -132,6 +134,7 @@ def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> Non
         file = os.path.join(path, name)
         if os.path.exists(file):
             tree, _, _ = torch_file.load(file, opaque=trust_pickle)
+            ckpt.pickles[name] = tree
             if isinstance(tree, dict):
                 setattr(ckpt, part, dict(tree))
                 ckpt.sections[part] = name

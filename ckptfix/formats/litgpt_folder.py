@@ -65,5 +65,6 @@ def rewrite_config(src: str, dst: str, changes: dict[str, int]) -> None:
         key = m.group(1).decode()
         return m.group(0) if key not in changes else f"{key}: {changes[key]}".encode()
 
-    with open(dst, "wb") as f:
-        f.write(_LINE.sub(put, data))
+    from ckptfix.io import write_new
+
+    write_new(dst, _LINE.sub(put, data), replace=True)  # in ckptfix's own temporary folder

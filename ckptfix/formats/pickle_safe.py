@@ -422,9 +422,9 @@ class _SafeUnpickler(pickle.Unpickler):
 
     def code_calls(self) -> list[OpaqueObject]:
         """The calls this pickle makes that are not a known data class's constructor (strict mode refuses them)."""
-        from ckptfix.formats.data_globals import DATA_CALLS
+        from ckptfix.formats.data_globals import is_data_call
 
-        return [o for o in self.made if o.called and o.cls not in DATA_CALLS]
+        return [o for o in self.made if not is_data_call(o)]
 
     def persistent_load(self, pid: Any) -> Any:
         # Never repr()/str() pid parts: a memo-shared list prints in 2**depth steps. torch writes strs and ints.
@@ -870,13 +870,13 @@ def load_pickle(data: bytes, origin: str, *, opaque: bool = False) -> Any:
 
 
 def _refuse(data: bytes, origin: str, unpickler: _SafeUnpickler, calls: list[OpaqueObject]) -> None:
-    from ckptfix.formats.data_globals import DATA_CALLS, describe_call
+    from ckptfix.formats.data_globals import DATA_CALLS, call_globals, describe_call, is_data_call
 
-    named = sorted({o.cls for o in calls})
+    named = sorted({n for o in calls for n in call_globals(o)})
     outside = [_printable(g) for g in globals_in_pickle(data)
                if tuple(g.rsplit(".", 1)) not in ALLOWED_GLOBALS and g not in DATA_CALLS]
     raise UnsafePickle(origin, [_printable(n) for n in named] or outside or unpickler.refused,
-                       calls=[describe_call(o) for o in calls if o.called][:5]) from None
+                       calls=[describe_call(o) for o in calls if not is_data_call(o)][:5]) from None
 
 
 def _unreadable(exc: Exception, origin: str) -> UnreadableCheckpoint:

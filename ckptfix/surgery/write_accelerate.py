@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ckptfix.io import atomic_folder, backup_path, copy_input_entry
+from ckptfix.io import atomic_folder, backup_path, copy_input_entry, create_file
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import edit_model, edit_optimizer, edit_scaler
 from ckptfix.surgery.write_hf import rewrite_torch_file, write_safetensors
@@ -51,25 +51,25 @@ def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], 
             if os.path.isdir(src) or os.path.islink(src):
                 copy_input_entry(src, dst, source)  # links stay links, never followed out of the folder
             elif role == "model" and plan.weights:
-                with open(dst, "wb") as f:
+                with create_file(dst, replace=True) as f:
                     if name.endswith(".safetensors"):
                         write_safetensors(plan, src, f, rng, progress)
                     else:
                         rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_model(tree, plan, table), progress)
             elif role == "optimizer" and (plan.moments or plan.drop_optimizer_state or plan.reset_scheduler):
-                with open(dst, "wb") as f:
+                with create_file(dst, replace=True) as f:
                     rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_optimizer(tree, plan, table),
                                        progress)
             elif role == "scheduler" and plan.reset_scheduler:
                 continue
             elif role == "scaler" and plan.reset_scaler:
-                with open(dst, "wb") as f:
+                with create_file(dst, replace=True) as f:
                     rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
             else:
                 copy_input_entry(src, dst, source)  # RNG states, samplers, further models: bytes, never unpickled
             if os.path.isfile(dst) and not os.path.islink(dst):  # rewritten files keep the source's mode
                 shutil.copymode(src, dst)
-        with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
+        with create_file(os.path.join(tmp, "ckptfix.json"), replace=True) as f:
             f.write(record_json(record_fn()))
     return backup
 

@@ -49,9 +49,19 @@ from ckptfix.checkpoint import stored_to_torch
 from ckptfix.errors import RepairError
 from ckptfix.formats import dcp_folder
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout, Item
-from ckptfix.io import atomic_folder, backup_path, clone_records, copy_input_entry, prefetch
+from ckptfix.io import (
+    atomic_file,
+    atomic_folder,
+    atomic_write,
+    backup_path,
+    clone_records,
+    copy_input_entry,
+    create_file,
+    move_new,
+    prefetch,
+)
 from ckptfix.surgery.plan import RepairPlan
-from ckptfix.surgery.undo import BACKUP_SUFFIX, RESTORE_FILE, InPlace, atomic_write
+from ckptfix.surgery.undo import BACKUP_SUFFIX, RESTORE_FILE, InPlace
 
 RECORD_FILE = "ckptfix.json"
 
@@ -111,7 +121,7 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
         plan.notes.append(f"DCP: {len(referenced)} data file(s) copied ({method}{left_out}); changed tensors "
                           f"written to {new_file}")
         _write_metadata(metadata, os.path.join(tmp, METADATA_FILE))
-        with open(os.path.join(tmp, RECORD_FILE), "wb") as f:
+        with create_file(os.path.join(tmp, RECORD_FILE), replace=True) as f:
             f.write(_record(record_fn))
     return backup
 
@@ -290,8 +300,8 @@ def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None)
         files = [f for f in os.listdir(scratch) if f.endswith(".distcp")]
         if files != ["__0_0.distcp"]:
             raise RepairError(f"dcp.save wrote {files}, expected one data file; nothing written")
-        os.replace(os.path.join(scratch, files[0]), os.path.join(folder, name))
-        os.replace(os.path.join(scratch, METADATA_FILE), os.path.join(folder, f".{name}.metadata"))
+        move_new(os.path.join(scratch, files[0]), os.path.join(folder, name))
+        move_new(os.path.join(scratch, METADATA_FILE), os.path.join(folder, f".{name}.metadata"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return name
@@ -361,7 +371,7 @@ def _write_metadata(metadata: Any, path: str) -> None:
     """As `FileSystemWriter.finish` writes it: one pickle of the Metadata."""
     import pickle
 
-    with open(path, "wb") as f:
+    with create_file(path, replace=True) as f:  # in ckptfix's own temporary folder
         pickle.dump(metadata, f)
         f.flush()
         os.fsync(f.fileno())
@@ -438,9 +448,10 @@ def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record
             _rewrite(undo.path(name), write)
 
         def replace_metadata(path: str) -> None:
-            tmp = undo.path(f".{METADATA_FILE}.ckptfix-tmp")
-            _write_metadata(metadata, tmp)
-            os.replace(tmp, path)
+            import pickle
+
+            with atomic_file(path) as f:  # a temp of a unique name, created O_EXCL|O_NOFOLLOW
+                pickle.dump(metadata, f)
 
         undo.switch_over(replace_metadata)
     plan.notes.append(f"DCP in place: changed tensors written to {new_file}; the previous .metadata is kept as "

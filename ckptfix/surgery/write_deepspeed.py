@@ -23,7 +23,7 @@ from ckptfix.formats import torch_file, torch_save
 from ckptfix.formats.deepspeed_folder import _MODEL_STATES
 from ckptfix.formats.deepspeed_universal import WEIGHTS, ZERO, param_folders
 from ckptfix.formats.pickle_safe import TensorRef
-from ckptfix.io import atomic_folder, backup_path, copy_input_entry
+from ckptfix.io import atomic_folder, backup_path, copy_input_entry, create_file
 from ckptfix.surgery.plan import RepairPlan, TensorEdit
 from ckptfix.surgery.rows import narrow_to_stored
 from ckptfix.surgery.torch_tree import StorageTable
@@ -73,7 +73,7 @@ def write_universal_folder(plan: RepairPlan, out: str, record_fn: Callable[[], d
                         copied[method] = copied.get(method, 0) + 1
         plan.notes.append(f"DeepSpeed universal: {len(rewrites) + len(model_files)} file(s) rewritten, the others copied ("
                           + ", ".join(f"{m} x{n}" for m, n in copied.items()) + ")")
-        with open(os.path.join(tmp, RECORD_FILE), "wb") as f:
+        with create_file(os.path.join(tmp, RECORD_FILE), replace=True) as f:
             f.write(record_json(record_fn()))
     return backup
 
@@ -116,7 +116,7 @@ def _rewrite(src: str, dst: str, edit: Callable, produce: _Produced, progress: A
     tree, locate_for, archive = torch_file.load(src, opaque=True)
     table = StorageTable(tree, locate_for, archive, lambda e: produce(e))
     prefix = archive.prefix if archive is not None else "archive"
-    with open(dst, "wb") as f:
+    with create_file(dst, replace=True) as f:
         torch_save.write(f, edit(tree, table), table.source_for, prefix=prefix, progress=progress)
 
 

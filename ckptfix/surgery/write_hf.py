@@ -21,7 +21,7 @@ from ckptfix import untrusted
 from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
 from ckptfix.formats import safetensors_file, safetensors_save, torch_file, torch_save
-from ckptfix.io import atomic_file, atomic_folder, backup_path, copy_input_entry
+from ckptfix.io import atomic_file, atomic_folder, backup_path, copy_input_entry, create_file
 from ckptfix.progress import Progress
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer, edit_scaler
@@ -93,7 +93,7 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
             plan.notes.append("unchanged files copied: " + ", ".join(f"{m} x{n}" for m, n in copied.items()))
         _update_index_sizes(plan, tmp)
         _copy_tokenizer(plan.tokenizer, tmp)
-        with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
+        with create_file(os.path.join(tmp, "ckptfix.json"), replace=True) as f:
             f.write(record_json(record_fn()))
     return backup
 
@@ -108,7 +108,7 @@ def _copy_entries(source: str, folder: str, names: list[str]) -> dict[str, int]:
 
 
 def _rewrite_weights(plan: RepairPlan, src: str, dst: str, rng: np.random.Generator, progress: Progress | None) -> None:
-    with open(dst, "wb") as f:
+    with create_file(dst, replace=True) as f:
         if src.endswith(".safetensors"):
             write_safetensors(plan, src, f, rng, progress)
         else:
@@ -127,9 +127,7 @@ def _write_recipe_state(plan: RepairPlan, folder: str, rng: np.random.Generator,
         return {**tree, "optimizer": edit_optimizer(tree["optimizer"], plan, table)}
 
     dst = os.path.join(folder, "recipe_state.pt")
-    if os.path.lexists(dst):  # the copy made with the folder: replaced, never written through (a link)
-        os.unlink(dst)
-    with open(dst, "wb") as f:
+    with create_file(dst, replace=True) as f:  # the copy made with the folder: replaced, never written through
         rewrite_torch_file(src, f, plan, rng, edit, progress)
 
 
@@ -139,20 +137,19 @@ def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng:
     if name in ("optimizer.pt", "scheduler.pt") and plan.reset_scheduler:
         return True  # both gone: the Trainer builds a fresh optimizer and schedule
     if name == "optimizer.pt" and (plan.moments or plan.drop_optimizer_state):
-        with open(dst, "wb") as f:
+        with create_file(dst, replace=True) as f:
             rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_optimizer(tree, plan, table), progress)
         return True
     if name == "scaler.pt" and plan.reset_scaler:
-        with open(dst, "wb") as f:
+        with create_file(dst, replace=True) as f:
             rewrite_torch_file(src, f, plan, rng, lambda tree, table: edit_scaler(tree, plan))
         return True
     if name == "config.json":
         config = load_json_file(src)
         if isinstance(config, dict) and "vocab_size" in config:
             config["vocab_size"] = plan.target_rows
-        with open(dst, "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=2, sort_keys=True)
-            f.write("\n")
+        with create_file(dst, replace=True) as f:
+            f.write((json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
         return True
     return False
 
@@ -177,9 +174,8 @@ def _update_index_sizes(plan: RepairPlan, folder: str) -> None:
         meta = index.get("metadata")
         if isinstance(meta, dict) and isinstance(meta.get("total_size"), int):
             meta["total_size"] += delta
-            with open(path, "w", encoding="utf-8") as f:
-                json.dump(index, f, indent=2, sort_keys=True)
-                f.write("\n")
+            with create_file(path, replace=True) as f:
+                f.write((json.dumps(index, indent=2, sort_keys=True) + "\n").encode())
 
 
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
@@ -198,11 +194,18 @@ def _copy_tokenizer(tokenizer: Any, folder: str) -> None:
                 untrusted.check_input(src, error=RepairError)  # never a FIFO or device (a copy would hang)
                 if os.path.isdir(src):
                     raise RepairError(f"{untrusted.escape(src)}: a folder where a tokenizer file belongs")
-                shutil.copy2(src, os.path.join(folder, name))
+                _copy_in(src, os.path.join(folder, name))
     elif tokenizer.kind == "sentencepiece":
-        shutil.copy2(path, os.path.join(folder, "tokenizer.model"))
+        _copy_in(path, os.path.join(folder, "tokenizer.model"))
     else:
-        shutil.copy2(path, os.path.join(folder, "tokenizer.json"))
+        _copy_in(path, os.path.join(folder, "tokenizer.json"))
+
+
+def _copy_in(src: str, dst: str) -> None:
+    """A tokenizer file copied into OUT: read only where it lives in its folder (a link out of the tokenizer
+    folder is refused by `open_regular`, never copied: no bytes from elsewhere reach OUT), written as a new file."""
+    with untrusted.open_regular(src, error=RepairError) as fin, create_file(dst, replace=True) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
 
 
 def safetensors_refusal(ckpt: Any) -> str | None:

@@ -17,8 +17,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ckptfix.errors import RepairError
+from ckptfix.io import atomic_write
 from ckptfix.surgery.plan import RepairPlan
-from ckptfix.surgery.undo import InPlace, atomic_write
+from ckptfix.surgery.undo import InPlace
 from ckptfix.surgery.write_hf import (
     TOKENIZER_FILES,
     _copy_tokenizer,

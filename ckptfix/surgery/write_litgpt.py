@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ckptfix.formats.litgpt_folder import CONFIG, WEIGHTS, rewrite_config
-from ckptfix.io import atomic_folder, backup_path, copy_input_entry
+from ckptfix.io import atomic_folder, backup_path, copy_input_entry, create_file
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.write_hf import TOKENIZER_FILES, _copy_tokenizer, _rewrite_training_file, rewrite_torch_file
 from ckptfix.surgery.write_torch import edited_tree
@@ -33,7 +33,7 @@ def write_litgpt_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict
             if name in TOKENIZER_FILES or name == "ckptfix.json":
                 continue
             if name == WEIGHTS:
-                with open(dst, "wb") as f:
+                with create_file(dst, replace=True) as f:
                     rewrite_torch_file(src, f, plan, rng, lambda tree, table: edited_tree(in_pickle, tree, table),
                                        progress)
             elif name == CONFIG:
@@ -43,6 +43,6 @@ def write_litgpt_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict
             if os.path.isfile(dst) and not os.path.islink(dst):
                 shutil.copymode(src, dst)
         _copy_tokenizer(plan.tokenizer, tmp)
-        with open(os.path.join(tmp, "ckptfix.json"), "wb") as f:
+        with create_file(os.path.join(tmp, "ckptfix.json"), replace=True) as f:
             f.write(record_json(record_fn()))
     return backup
