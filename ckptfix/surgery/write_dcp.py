@@ -401,18 +401,10 @@ def _bytes_writer(data: bytes) -> Callable[[BinaryIO], None]:
 
 
 def _rewrite(path: str, write: Callable[[BinaryIO], None]) -> None:
-    """Replace `path` with what `write` writes (a real file: a torch writer copies records into it), atomically."""
-    tmp = f"{path}.ckptfix-tmp"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
+    """Replace `path` with what `write` writes (a real file: a torch writer copies records into it), atomically
+    (`io.atomic_file`: a new temp file, never written through a link)."""
+    with atomic_file(path) as f:
+        write(f)
 
 
 def _other_files(src: str) -> list[str]:

@@ -33,10 +33,11 @@ from ckptfix.formats.megatron_folder import (
     flat_bucket_problem,
 )
 from ckptfix.formats.pickle_safe import OpaqueObject
-from ckptfix.io import atomic_folder
+from ckptfix.io import atomic_folder, write_new
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.rows import apply_plan
 from ckptfix.surgery.write_dcp import DcpEdits, _Produce, write_dcp_folder
+from ckptfix.untrusted import read_bounded
 
 
 def write_megatron_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
@@ -49,13 +50,11 @@ def write_megatron_folder(plan: RepairPlan, out: str, record_fn: Callable[[], di
         return write_dcp_folder(plan, out, record_fn, rng=rng, in_place=in_place, progress=progress,
                                 incremental=incremental, edits=edits, rewrites=rewrites)
     # a save folder: OUT/<iteration>/ plus OUT's tracker file, appearing together
-    with open(os.path.join(layout.parent, TRACKER), "rb") as f:
-        tracker = f.read()
+    tracker = read_bounded(os.path.join(layout.parent, TRACKER), 64, error=RepairError)
     with atomic_folder(out, backup=in_place) as tmp:
         write_dcp_folder(plan, os.path.join(tmp, os.path.basename(layout.iteration_dir)), record_fn, rng=rng,
                          in_place=False, progress=progress, edits=edits, rewrites=rewrites)
-        with open(os.path.join(tmp, TRACKER), "wb") as f:
-            f.write(tracker)
+        write_new(os.path.join(tmp, TRACKER), tracker)
     return None
 
 
