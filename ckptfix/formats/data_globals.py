@@ -149,6 +149,8 @@ DATA_CLASSES: dict[str, DataClass] = {
     **{f"deepspeed.runtime.fp16.loss_scaler.{n}": DataClass("a dict of its attributes",
                                                             "a plain class: BUILD sets its __dict__")
        for n in ("LossScaler", "DynamicLossScaler")},
+    "torch.torch_version.TorchVersion": DataClass("a str", "a str subclass (Composer saves torch.__version__): "
+                                                  "NEWOBJ is str.__new__(cls, text)"),
     "deepspeed.utils.tensor_fragment.fragment_address": DataClass("a dict of its fields",
                                                                   "a dataclass (numel, start): BUILD sets its fields"),
 }
@@ -217,6 +219,8 @@ _ARGUMENTS: dict[str, Any] = {
     **{n: _args(lambda x: _is_str(x) or _is_int(x)) for n in KNOWN_ENUMS},
 }
 assert set(_ARGUMENTS) == DATA_CALLS, "every data call has its argument rule"
+# Constructions with arguments (NEWOBJ: `cls.__new__(cls, *args)`) known to be data, with the arguments assumed.
+_NEW_ARGUMENTS: dict[str, Any] = {"torch.torch_version.TorchVersion": _args(_is_str)}
 
 
 def is_data_call(rec: OpaqueObject) -> bool:
@@ -226,7 +230,10 @@ def is_data_call(rec: OpaqueObject) -> bool:
     given values of the file's choosing (numpy.memmap's opens and truncates a file), so data only for a class on
     the data list. Nested records are judged on their own (each is in the unpickler's `made` list)."""
     if not rec.called:
-        return not (rec.args or rec.kwargs) or rec.cls in DATA_CLASSES
+        if not (rec.args or rec.kwargs):
+            return True
+        rule = _NEW_ARGUMENTS.get(rec.cls)
+        return rule is not None and not rec.kwargs and bool(rule(rec.args))
     rule = _ARGUMENTS.get(rec.cls)
     return rule is not None and not rec.kwargs and bool(rule(rec.args))
 
@@ -526,6 +533,9 @@ class Converter:
             return self.value(_object_state(rec).get("_val"), path)
         if cls == "copyreg._reconstructor":
             return self._reconstructor(rec, path)
+        if cls in _NEW_ARGUMENTS and not rec.called and is_data_call(rec) and rec.state is None and not rec.items:
+            self.note(path, cls, "str")
+            return rec.args[0]
         if rec.called:
             raise NotData("a call of a function ckptfix does not know (not data)")
         if cls in ("numpy.dtype",):

@@ -79,9 +79,9 @@ def _writable_data(obj: OpaqueObject) -> bool:
     """Whether an inert record is a call of a known data class (numpy's `_reconstruct`/`scalar`/`dtype`, a
     path, a datetime...) that the writer re-emits as read: the same global called with the same arguments,
     then BUILD with the same state. Records with SETITEM/APPEND items or keyword arguments stay refused."""
-    from ckptfix.formats.data_globals import DATA_CALLS
+    from ckptfix.formats.data_globals import is_data_call
 
-    return obj.called and obj.cls in DATA_CALLS and not obj.items and not obj.kwargs
+    return obj.called and is_data_call(obj) and not obj.items and not obj.kwargs
 
 
 # str subclasses constructed from one string (NEWOBJ, no BUILD): Composer saves `torch.__version__` in its
