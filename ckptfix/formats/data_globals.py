@@ -100,6 +100,10 @@ KNOWN_ENUMS = (
     "accelerate.utils.dataclasses.RNGType", "deepspeed.runtime.zero.config.ZeroStageEnum",
     "lightning.pytorch.trainer.states.TrainerFn", "lightning.pytorch.trainer.states.RunningStage",
     "lightning.pytorch.trainer.states.TrainerStatus",
+    # Megatron-LM's saved `args` (common.pt of a torch_dist checkpoint: attention_backend=AttnBackend.auto)
+    *(f"megatron.core.enums.{n}" for n in ("ModelType", "Fp8Recipe", "Fp4Recipe")),
+    *(f"megatron.core.transformer.enums.{n}" for n in ("ModelType", "LayerType", "AttnType", "AttnMaskType",
+                                                        "AttnBackend", "CudaGraphScope")),
 )
 
 # The one list of convertible data classes (SECURITY.md documents it). Objects of other classes that are
@@ -242,16 +246,6 @@ def call_globals(rec: OpaqueObject) -> list[str]:
     """The globals a call names: the function and any class passed to it (`_reconstructor`'s class and base)."""
     return [rec.cls, *(n for n in map(global_name, rec.args) if n is not None)]
 
-# Megatron-Core's enums in Megatron-LM's saved `args` (`attention_backend=AttnBackend.auto`), pickled as the call
-# `Cls(value)`: read as inert values by the Megatron reader, written back as read by the torch writer; ckptfix
-# never calls them (loading the output calls them exactly as loading the input did).
-ENUM_MODULES = ("megatron.core.",)
-
-
-def is_enum_value(obj: Any) -> bool:
-    return (isinstance(obj, OpaqueObject) and obj.called and obj.cls.startswith(ENUM_MODULES)
-            and len(obj.args) == 1 and type(obj.args[0]) in (int, str) and obj.state is None
-            and not obj.items and not obj.kwargs)
 _OMEGA_NODE = "omegaconf.nodes."
 _NUMPY_CODE = re.compile(r"[biufc]\d{1,2}")
 

@@ -371,9 +371,6 @@ def _opaques(node: Any) -> list[OpaqueObject]:
     return found
 
 
-opaques = _opaques
-
-
 def _planner_calls(opaques: list[OpaqueObject]) -> list[str]:
     """Uses of the planner classes that are not plain data: a dataclass called, an enum called with anything
     but one int."""
@@ -538,7 +535,7 @@ def _tensor(path: str, item: Item, pending: list[str]) -> TensorInfo:
     return _record_tensor(path, item.fqn, item.shape, item.dtype, item.blobs[0])
 
 
-tensor_info = _tensor  # shared with megatron_folder (so is `opaques`, below)
+tensor_info = _tensor  # shared with megatron_folder
 
 
 def _record_tensor(path: str, name: str, shape: tuple[int, ...], dtype: str, blob_at: tuple) -> TensorInfo:

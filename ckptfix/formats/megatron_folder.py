@@ -38,9 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfix.checkpoint import Checkpoint, TensorInfo
-from ckptfix.errors import CkptfixError, UnreadableCheckpoint, UnsafePickle
+from ckptfix.errors import CkptfixError, UnreadableCheckpoint
 from ckptfix.formats import common, dcp_folder
-from ckptfix.formats.data_globals import DATA_CLASSES, is_enum_value
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout
 from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef
 from ckptfix.untrusted import read_bounded
@@ -164,13 +163,7 @@ def _read_common(folder: str, ckpt: Checkpoint, trust_pickle: bool) -> tuple[dic
     from ckptfix.formats import torch_file
 
     path = os.path.join(folder, COMMON)
-    try:
-        tree, locate_for, _ = torch_file.load(path, opaque=trust_pickle)
-    except UnsafePickle:  # Megatron-LM's args hold Megatron's enums (AttnBackend.auto): data, read inertly
-        tree, locate_for, _ = torch_file.load(path, opaque=True)
-        outside = sorted({o.cls for o in dcp_folder.opaques(tree) if not is_enum_value(o)} - set(DATA_CLASSES))
-        if outside:
-            raise UnsafePickle(path, outside) from None
+    tree, locate_for, _ = torch_file.load(path, opaque=trust_pickle)  # Megatron's enums: data_globals.KNOWN_ENUMS
     if not isinstance(tree, dict):
         raise UnreadableCheckpoint(f"{path}: expected a dict, found {type(tree).__name__}")
     for key, value in tree.items():

@@ -26,7 +26,6 @@ import numpy as np
 from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.dtypes import DTYPE_SIZES, STORAGE_CLASS
 from ckptfix.errors import RepairError
-from ckptfix.formats.data_globals import is_enum_value
 from ckptfix.formats.pickle_safe import OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype, global_name
 from ckptfix.formats.zipwriter import ZipWriter
 from ckptfix.progress import Progress
@@ -180,7 +179,7 @@ class _Pickler(pickle._Pickler):
         if isinstance(obj, _Reduce):
             return obj.func, obj.args
         if isinstance(obj, OpaqueObject):
-            if _writable_data(obj) or is_enum_value(obj):  # a numpy array/scalar/dtype, a path, a date, an enum
+            if _writable_data(obj):  # a numpy array/scalar/dtype, a path, a date: the same call, the same state
                 return (_named(obj.cls), _as_written(obj.args), _as_written(obj.state))
             raise RepairError(f"the checkpoint holds an object of class {obj.cls} that ckptfix read as an inert "
                               "record; it cannot be written back")
