@@ -158,12 +158,13 @@ def _tensors(folder: str, items: dict[str, dcp_folder.Item]) -> tuple[dict[str, 
 
 
 def _read_common(folder: str, ckpt: Checkpoint, trust_pickle: bool) -> tuple[dict, common.Locator]:
-    """common.pt with the weights-only allowlist (Megatron-LM's args is an argparse.Namespace: data); an
-    object outside it (a Megatron enum in newer args) needs --trust-pickle, which reads it as inert data."""
+    """common.pt with the allowlist: Megatron-LM's args is an argparse.Namespace and its enums
+    (attention_backend=AttnBackend.auto) are `data_globals.KNOWN_ENUMS`, both data; anything else outside the
+    allowlist needs --trust-pickle, which reads it as an inert record (repair then cannot write it back)."""
     from ckptfix.formats import torch_file
 
     path = os.path.join(folder, COMMON)
-    tree, locate_for, _ = torch_file.load(path, opaque=trust_pickle)  # Megatron's enums: data_globals.KNOWN_ENUMS
+    tree, locate_for, _ = torch_file.load(path, opaque=trust_pickle)
     if not isinstance(tree, dict):
         raise UnreadableCheckpoint(f"{path}: expected a dict, found {type(tree).__name__}")
     for key, value in tree.items():
