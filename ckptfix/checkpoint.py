@@ -268,6 +268,7 @@ class ParamState:
     tensors: dict[str, TensorInfo] = field(default_factory=dict)
     step: float | None = None
     other: dict[str, Any] = field(default_factory=dict)
+    step_kind: str = "tensor"  # how `step` was saved: tensor (torch.optim), int (transformers' Adafactor, bitsandbytes), float
 
 
 @dataclass
@@ -284,11 +285,27 @@ class ParamGroup:
 
 
 @dataclass
+class OptimizerPart:
+    """One of several optimizers saved in one checkpoint (Muon for the matrices, AdamW for the rest):
+    where it is saved, its kind, and its entries in the merged `OptimizerState` (indices `(part, index)`)."""
+
+    section: str  # e.g. "optimizers[1]", "optimizer_states[0]", "state/optimizers/AdamW"
+    kind: str
+    groups: int  # how many of the merged groups are its own (they follow the previous part's)
+    indices: frozenset[Any]
+
+
+@dataclass
 class OptimizerState:
-    kind: str  # adamw | adam | sgd-momentum | sgd | adafactor | adagrad | rmsprop | unknown
+    kind: str  # as `ckptfix.optim_state.kind_name` names it: "AdamW", "SGD (momentum)", "unknown (states: ...)"
     groups: list[ParamGroup]
     state: dict[Any, ParamState]
     param_names: list[str] | None = None  # optimizer index -> model name, when the checkpoint records it
+    parts: list[OptimizerPart] = field(default_factory=list)  # several optimizers: each one's part (else empty)
+
+    def kind_of(self, index: Any) -> str:
+        """The kind of the optimizer that holds entry `index`."""
+        return next((p.kind for p in self.parts if index in p.indices), self.kind)
 
     def indices(self) -> list[Any]:
         """Every parameter id, in param-group order (the order `optimizer.param_groups` holds them)."""

@@ -20,11 +20,12 @@ positions of a live optimizer?
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfix.checkpoint import Checkpoint, ParamState, TensorInfo
+from ckptfix.checkpoint import Checkpoint, OptimizerState, ParamState, TensorInfo
 
 # State tensors shaped exactly like their parameter (Adafactor's row/col factors are not).
 MOMENT_KEYS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum", "square_avg",
@@ -116,6 +117,8 @@ def map_optimizer(ckpt: Checkpoint) -> ParamMapping:
     opt = ckpt.optimizer
     if opt is None:
         return ParamMapping()
+    if opt.parts:
+        return _map_parts(ckpt)
     indices = opt.indices()
     named = torch_param_names(ckpt)
     if named is not None:
@@ -137,6 +140,24 @@ def map_optimizer(ckpt: Checkpoint) -> ParamMapping:
     if aligned is not None:
         return ParamMapping(aligned, "aligned")
     return ParamMapping(_by_unique_shape(ckpt, indices, params), "shape")
+
+
+def _map_parts(ckpt: Checkpoint) -> ParamMapping:
+    """Several optimizers (Muon for the matrices, AdamW for the rest): each is mapped alone, by the same
+    rules, as an optimizer over a subset of the parameters; the union is the answer when no parameter is
+    claimed twice. The method is the parts' one, or theirs joined by "+" when they differ."""
+    assert ckpt.optimizer is not None
+    opt, start, names, methods = ckpt.optimizer, 0, {}, []
+    for part in opt.parts:
+        groups = opt.groups[start:start + part.groups]
+        start += part.groups
+        view = OptimizerState(part.kind, groups, {i: ps for i, ps in opt.state.items() if i in part.indices})
+        found = map_optimizer(dataclasses.replace(ckpt, optimizer=view))
+        names.update(found.names)
+        methods.append(found.method)
+    if len(set(names.values())) < len(names):
+        names = {}
+    return ParamMapping(names, methods[0] if len(set(methods)) == 1 else "+".join(methods))
 
 
 def _hf_groups(ckpt: Checkpoint, params: list[str]) -> dict[Any, str] | None:

@@ -1,8 +1,9 @@
 """One vocabulary of policies for `ckptfix repair` and `ResumeGuard`.
 
   strict  (guard only) every structural mismatch is an error; nothing is resized or dropped.
-  remap   vocab-sized tensors are resized and their optimizer moments follow their rows exactly;
-          optimizer state is matched to parameters by name where names are known.
+  remap   vocab-sized tensors are resized and every optimizer state follows their rows by what it
+          means (`ckptfix.optim_state`); matched to parameters by name where names are known. The
+          default: where a state cannot follow its rows, repair stops and names it.
   fresh   as remap for the weights; the optimizer state is dropped (param-group options and the
           scheduler position kept) and the LR re-warms.
   reset   drop optimizer and scheduler state: the schedule starts again.

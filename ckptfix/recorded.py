@@ -5,6 +5,13 @@ Frameworks rebuild the model from a recorded size before they load the weights: 
 `hyper_parameters`, litgpt's `padded_vocab_size`, and any `vocab_size`-like entry of a saved config or
 args dict. A recorded size that disagrees with the rows makes that rebuild fail to load the weights, so
 inspect checks them (CKF115) and repair updates them with the rows.
+
+A composite HF config (a vision-language or audio model) builds its text model from one sub-config, the one
+transformers' `PreTrainedConfig.get_text_config(decoder=True)` returns: `decoder`, `generator` or
+`text_config`, else the config itself. That `vocab_size` is the LM's; a composite's own top-level `vocab_size`
+beside a text sub-config (PaliGemma's default 257152) is unused by the model, and the other sub-configs' sizes
+(a Q-Former's, a protein or speech encoder's) are separate vocabularies with their own tokenizers: listed,
+never checked or resized against the LM tokenizer.
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from typing import Any, Iterator
 # Keys that record the number of vocab rows (litgpt's `vocab_size` is the tokenizer's, next to
 # `padded_vocab_size`, the rows: see `_row_keys`).
 VOCAB_KEYS = ("vocab_size", "padded_vocab_size", "n_vocab", "ntoken", "ntokens", "num_tokens")
+# transformers' `get_text_config(decoder=True)` names, in its order: the sub-config the text model is built from
+TEXT_CONFIG_KEYS = ("decoder", "generator", "text_config")
 _MAX_DEPTH = 8  # configs nest a few levels (Composer: state.integrations.huggingface.model.config.content)
 
 
@@ -24,7 +33,12 @@ class Recorded:
 
     path: tuple[Any, ...]
     value: int
-    rows_key: bool  # this key records the rows (False: litgpt's tokenizer-sized `vocab_size`)
+    role: str  # rows | tokens (litgpt's tokenizer-sized `vocab_size`) | separate (another vocabulary) | unused
+
+    @property
+    def rows_key(self) -> bool:
+        """This value records the LM's rows (what repair keeps equal to them)."""
+        return self.role == "rows"
 
     @property
     def where(self) -> str:
@@ -33,20 +47,45 @@ class Recorded:
 
 def find_recorded(extras: dict[str, Any]) -> list[Recorded]:
     """Every vocab-size entry in the non-tensor parts of a checkpoint (dicts only; objects stay unread)."""
-    return list(_walk(extras, (), set()))
+    return list(_walk(extras, (), set(), None))
 
 
-def _walk(node: Any, path: tuple[Any, ...], seen: set[int]) -> Iterator[Recorded]:
+def separate_vocabularies(extras: dict[str, Any]) -> list[Recorded]:
+    """Vocab sizes of other vocabularies than the LM's (a composite config's other sub-configs)."""
+    return [r for r in find_recorded(extras) if r.role == "separate"]
+
+
+def _walk(node: Any, path: tuple[Any, ...], seen: set[int], role: str | None) -> Iterator[Recorded]:
+    """`role` forces the role of every size below (inside a composite config's non-text sub-config)."""
     # each dict once: a pickle can share one dict under many keys (a DAG exponential as a tree)
     if len(path) > _MAX_DEPTH or not isinstance(node, dict) or id(node) in seen:
         return
     seen.add(id(node))
     rows_keys = _row_keys(node)
+    text = text_config_key(node) if role is None else None
+    composite = role is None and (text is not None or "model_type" in node)
     for key, value in node.items():
         if key in VOCAB_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            yield Recorded(path + (key,), value, key in rows_keys)
+            own = "rows" if key in rows_keys else "tokens"
+            yield Recorded(path + (key,), value, role or ("unused" if text is not None else own))
         elif isinstance(value, dict):
-            yield from _walk(value, path + (key,), seen)
+            other = composite and key != text and _is_sub_config(key, value)
+            yield from _walk(value, path + (key,), seen, "separate" if other else role)
+
+
+def _is_sub_config(key: Any, value: dict) -> bool:
+    """A model's config nested in another's (`vision_config`, `qformer_config`, `protein_encoder_config`,
+    an encoder-decoder's `encoder`): transformers builds another model from it, with its own vocabulary."""
+    return "model_type" in value or str(key).endswith("_config") or key in ("encoder", "decoder", "generator")
+
+
+def text_config_key(node: dict) -> str | None:
+    """The key of the sub-config a composite HF config builds its text model from (`get_text_config(decoder=True)`),
+    when it records a vocab size; None for a flat config, or when several candidates make it ambiguous (as
+    transformers itself raises), and then every size in it is taken as the LM's."""
+    keys = [k for k in TEXT_CONFIG_KEYS if isinstance(node.get(k), dict)
+            and any(v in node[k] for v in VOCAB_KEYS)]
+    return keys[0] if len(keys) == 1 else None
 
 
 def _row_keys(node: dict) -> set[str]:
@@ -60,7 +99,7 @@ def _row_keys(node: dict) -> set[str]:
 
 def recorded_rows(extras: dict[str, Any]) -> set[int]:
     """The row counts a checkpoint records for its model (config.json `vocab_size`, nanoGPT's model_args,
-    openai-whisper's dims `n_vocab`, ...): the fit rule's evidence that rows above the tokenizer are the
+    openai-whisper's dims `n_vocab`, a composite config's text sub-config's, ...): the fit rule's evidence that rows above the tokenizer are the
     model's own size."""
     return {r.value for r in find_recorded(extras) if r.rows_key}
 
@@ -103,9 +142,10 @@ def updates(recorded: list[Recorded], old_rows: set[int], new_rows: int, tokens:
     """path -> new value for a repair to `new_rows` rows and a `tokens`-id tokenizer."""
     out = {}
     for r in recorded:
-        if r.rows_key and r.value in old_rows and r.value != new_rows:
+        # a separate vocabulary the LM's size: its tensors cannot be told from the LM's and are resized with them
+        if r.role in ("rows", "separate") and r.value in old_rows and r.value != new_rows:
             out[r.path] = new_rows
-        elif not r.rows_key and r.value != tokens:  # litgpt's vocab_size: the tokenizer's size
+        elif r.role == "tokens" and r.value != tokens:  # litgpt's vocab_size: the tokenizer's size
             out[r.path] = min(tokens, new_rows)
     return out
 

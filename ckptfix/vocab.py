@@ -8,6 +8,7 @@ from typing import Any
 
 from ckptfix.checkpoint import Checkpoint, TensorInfo
 from ckptfix.mapping import ParamMapping
+from ckptfix.recorded import recorded_rows, separate_vocabularies
 
 EMBEDDING_NAMES = re.compile(
     r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|text_embedding|token_embedding|tok_emb|"
@@ -20,6 +21,7 @@ HEAD_NAMES = re.compile(
 NOT_VOCAB_NAMES = re.compile(r"(position|pos_emb|wpe|token_type|segment|relative|rel_attn|rel_emb)", re.IGNORECASE)
 PER_LAYER = re.compile(r"\.\d+\.")  # inside a stack of blocks (layers.3.): vocab tensors are never per layer
 PADDING_MULTIPLES = (8, 16, 32, 64, 128, 256)
+MAX_OFFSET = 256  # the most rows a model class adds past its LM vocabulary that are taken as its own (Mllama: 8)
 
 
 @dataclass
@@ -32,17 +34,23 @@ class VocabTensor:
     moments: dict[str, TensorInfo] = field(default_factory=dict)  # exp_avg -> its TensorInfo
     optimizer_index: Any = None
     index_known: bool = True  # False: paired with a same-shape entry (the moments' row plan is the same either way)
+    offset: int = 0  # rows past the LM vocabulary the model class itself adds (Mllama: vocab_size + 8 image rows)
+
+    @property
+    def token_rows(self) -> int:
+        """The rows token ids of the LM vocabulary index: the tokenizer's counterpart (rows = tokens + offset)."""
+        return self.rows - self.offset
 
     def to_json(self) -> dict:
         return {"name": self.name, "role": self.role, "rows": self.rows, "shape": list(self.shape),
-                "tied_to": self.tied_to, "optimizer_index": self.optimizer_index if self.index_known else None,
+                "tied_to": self.tied_to, "offset": self.offset, "optimizer_index": self.optimizer_index if self.index_known else None,
                 "moments": {k: list(t.shape) for k, t in self.moments.items()}}
 
 
 def vocab_rows(vocab: list[VocabTensor]) -> int | None:
     """The checkpoint's vocab row count: the input embedding's, else the first vocab tensor's."""
     embed = next((v for v in vocab if v.role == "embedding"), vocab[0] if vocab else None)
-    return embed.rows if embed is not None else None
+    return embed.token_rows if embed is not None else None
 
 
 def padded_size(size: int, multiple: int) -> int:
@@ -62,17 +70,20 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
     embeddings, else from the 2-D tensor whose rows are nearest the tokenizer's size. A tensor that has
     the rows elsewhere (a (width, rows) matrix, a table named like positions) is reported in `notes` as
     ambiguous and left alone: a size can match by accident (an attention projection is not a vocab tensor)."""
-    rows, widths = _vocab_dims(ckpt, tokenizer_size)
+    separate = _separate_rows(ckpt)
+    rows, widths = _vocab_dims(ckpt, tokenizer_size, set(separate))
     found: dict[str, VocabTensor] = {}
+    _note_separate(ckpt, separate, notes)
     if not rows:
         return []
     other_dims = {d for name, t in ckpt.model.items() if not _vocab_shaped(t.shape, rows, widths)
                   for d in t.shape}
     first = True
     for name, t in ckpt.model.items():
-        role = _role(name, t, rows, widths, other_dims)
+        role = None if _separate_tensor(t, separate) else _role(name, t, rows, widths, other_dims)
         if role is None:
-            if notes is not None and t.is_float and any(d in rows for d in t.shape) and t.shape not in ((), (1,)):
+            if notes is not None and t.is_float and any(d in rows for d in t.shape) and t.shape not in ((), (1,)) \
+                    and not _separate_tensor(t, separate):
                 notes.append(f"{name} {list(t.shape)} has a dimension of the vocab size ({'/'.join(map(str, sorted(rows)))} "
                              "rows) but not in a vocab tensor's place; left alone (ambiguous)")
             continue
@@ -81,23 +92,64 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
         first = first and role not in ("embedding", "head")
         n = t.shape[-1] if role == "head-bias" else t.shape[0]
         found[name] = VocabTensor(name, role, n, t.shape, tied_to=ckpt.tied.get(name))
+    _set_offsets(ckpt, found)
     _attach_moments(ckpt, mapping, found)
     return list(found.values())
 
 
-def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None) -> tuple[set[int], set[int]]:
+def _separate_rows(ckpt: Checkpoint) -> dict[int, str]:
+    """Row count -> where the config records it, for the vocabularies that are not the LM's (a composite
+    config's Q-Former or speech sub-config: `recorded.separate_vocabularies`), unless the LM has that size
+    too (then rows cannot tell them apart and both follow the LM)."""
+    lm = recorded_rows(ckpt.extras)
+    return {r.value: f"{r.where} = {r.value}" for r in separate_vocabularies(ckpt.extras) if r.value not in lm}
+
+
+def _separate_tensor(t: TensorInfo, separate: dict[int, str]) -> bool:
+    return bool(separate) and len(t.shape) in (1, 2) and t.shape[0] in separate and t.is_float
+
+
+def _note_separate(ckpt: Checkpoint, separate: dict[int, str], notes: list[str] | None) -> None:
+    """List every separate vocabulary and its tensors: seen and deliberately kept, never resized here."""
+    if notes is None:
+        return
+    for rows, where in separate.items():
+        tensors = [n for n, t in ckpt.model.items() if _separate_tensor(t, {rows: where})]
+        held = f"its tensors {', '.join(tensors[:4])}{' ...' if len(tensors) > 4 else ''}" if tensors \
+            else "no tensor of the model has its rows"
+        notes.append(f"separate vocabulary: {where} (its own tokenizer; {held}): kept, not checked or resized "
+                     "against the LM tokenizer")
+
+
+def _set_offsets(ckpt: Checkpoint, found: dict[str, VocabTensor]) -> None:
+    """A model class that adds rows past its LM vocabulary (Mllama's embedding: vocab_size + 8 image-token
+    rows, its head vocab_size): the config's LM size is the head's rows, and the embedding's extra rows are
+    the model's own. Read from the checkpoint itself: a recorded LM size equal to an untied head's rows and an
+    embedding a few rows above it."""
+    recorded = recorded_rows(ckpt.extras)
+    heads = {v.rows for v in found.values() if v.role == "head" and v.tied_to is None and v.rows in recorded}
+    if len(heads) != 1:
+        return
+    (lm,) = heads
+    for v in found.values():
+        if v.role == "embedding" and v.tied_to is None and 0 < v.rows - lm <= MAX_OFFSET:
+            v.offset = v.rows - lm
+
+
+def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None, separate: set[int]) -> tuple[set[int], set[int]]:
     """(vocab row counts, model widths): from named embeddings, else the 2-D tensor nearest the tokenizer."""
     named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2 and EMBEDDING_NAMES.search(n)
-             and not NOT_VOCAB_NAMES.search(n)]
+             and not NOT_VOCAB_NAMES.search(n) and t.shape[0] not in separate]
     if not named and tokenizer_size:
         near = max(16, tokenizer_size // 8)
         candidates = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2
                       and t.shape[0] > t.shape[1] and abs(t.shape[0] - tokenizer_size) <= near
+                      and t.shape[0] not in separate
                       and not NOT_VOCAB_NAMES.search(n) and not PER_LAYER.search(n)]
         named = sorted(candidates, key=lambda s: abs(s[0] - tokenizer_size))[:1]
     if not named:  # no embedding to go by: heads by name (their rows are the vocab's)
         named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2 and HEAD_NAMES.search(n)
-                 and not PER_LAYER.search(n)][:1]
+                 and not PER_LAYER.search(n) and t.shape[0] not in separate][:1]
     rows = {s[0] for s in named}
     widths = {s[1] for s in named}
     # a factorised or projected head has another width (ALBERT, DeBERTa-v2's embedding_size): its name says so
@@ -159,7 +211,9 @@ def _attach(ckpt: Checkpoint, vt: VocabTensor, index) -> None:
     assert ckpt.optimizer is not None
     ps = ckpt.optimizer.state.get(index)
     if ps is not None:
-        vt.moments = {k: t for k, t in ps.tensors.items() if t.shape and len(t.shape) == len(vt.shape)}
+        # shaped like the parameter, or a factored statistic's row factor ((rows,) / (rows, 1): Adafactor, CAME)
+        vt.moments = {k: t for k, t in ps.tensors.items() if t.shape and (
+            len(t.shape) == len(vt.shape) or (len(vt.shape) == 2 and t.shape in ((vt.rows,), (vt.rows, 1))))}
 
 
 def _attach_by_shape(ckpt: Checkpoint, mapping: ParamMapping, unmatched: list[VocabTensor]) -> None:

@@ -193,3 +193,387 @@ def _same_kept(old: torch.Tensor, new: torch.Tensor | None, keep: int) -> bool:
     if any(a != b and VOCAB not in (a, b) for a, b in zip(old.shape, new.shape)):
         return False
     return torch.equal(old[index], new[index])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The registry corpus: every class of transformers' own auto-model registries whose models hold a vocabulary,
+# built tiny from its config class (no list of architectures: a class added to transformers is tested as is),
+# trained 2 real AdamW steps, saved as an HF Trainer `checkpoint-N/` folder, then grown by 3 added tokens.
+
+# registry -> transformers' mapping (model_type -> class name) in `transformers.models.auto.modeling_auto`
+REGISTRIES = {
+    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+    "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+    "image-text-to-text": "MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES",
+    "multimodal-lm": "MODEL_FOR_MULTIMODAL_LM_MAPPING_NAMES",
+    "speech-seq2seq": "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES",
+    "text-to-spectrogram": "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES",
+    "text-to-waveform": "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES",
+    "pretraining": "MODEL_FOR_PRETRAINING_MAPPING_NAMES",
+}
+# the CI slice: the composite configs issue 30 found wrong, and a plain causal LM beside them
+REGISTRY_FAST = [("image-text-to-text", "llava"), ("image-text-to-text", "qwen2_vl"),
+                 ("image-text-to-text", "mllama"), ("image-text-to-text", "instructblip"),
+                 ("image-text-to-text", "paligemma"), ("image-text-to-text", "blip-2"), ("causal-lm", "llama")]
+ADDED = ["<video>", "<box>", "<ref>"]
+MAX_PARAMS = 30_000_000
+CLASS_SECONDS = 240  # a class slower than this on a shared CPU is reported skipped, not waited for  # "tiny": what a 2-core CI runner trains two steps of in seconds
+_WIDTH, _FFN, _LAYERS, _HEADS = 32, 64, 2, 2
+# config attributes, by exact name, shrunk generically (whatever model they belong to)
+_WIDTH_KEYS = {"hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "embedding_size", "hidden_dim",
+               "word_embed_proj_dim", "projection_dim", "text_hidden_size", "vision_hidden_size", "out_hidden_size",
+               "encoder_hidden_size", "decoder_hidden_size", "qformer_hidden_size", "width", "n_embed"}
+_FFN_KEYS = {"intermediate_size", "ffn_dim", "d_ff", "n_inner", "encoder_ffn_dim", "decoder_ffn_dim", "mlp_dim",
+             "moe_intermediate_size", "shared_expert_intermediate_size", "decoder_intermediate_size",
+             "encoder_intermediate_size", "expert_intermediate_size", "ffn_hidden_size", "intermediate_size_mlp"}
+_HEAD_KEYS = {"num_attention_heads", "n_head", "num_heads", "num_key_value_heads", "encoder_attention_heads",
+              "decoder_attention_heads", "n_heads", "num_kv_heads", "decoder_num_attention_heads", "n_kv_heads",
+              "encoder_num_attention_heads"}
+_LAYER_KEYS = {"num_hidden_layers", "num_layers", "n_layer", "n_layers", "encoder_layers", "decoder_layers",
+               "num_decoder_layers", "depth", "num_encoder_layers", "decoder_num_hidden_layers"}
+_EXPERT_KEYS = {"num_experts": 4, "num_local_experts": 4, "n_routed_experts": 4, "num_experts_per_tok": 2,
+                "moe_num_experts": 4, "n_shared_experts": 1, "topk_group": 1, "n_group": 1}
+
+
+def registry_classes(registry: str) -> list[tuple[str, str]]:
+    """(model_type, class name) of one registry, as transformers lists it."""
+    from transformers.models.auto import modeling_auto
+
+    names = getattr(modeling_auto, REGISTRIES[registry], {})
+    out = []
+    for model_type, cls in names.items():
+        for name in (cls if isinstance(cls, (list, tuple)) else [cls]):
+            out.append((model_type, name))
+    return out
+
+
+def tiny_config(model_type: str, vocab: int) -> Any:
+    """The model type's own config class, every size shrunk by attribute name (sub-configs too), and the LM
+    vocabulary (the sub-config `get_text_config(decoder=True)` returns) set to `vocab`."""
+    import transformers
+
+    config_cls = transformers.CONFIG_MAPPING[model_type]
+    base = config_cls()
+    text = base.get_text_config(decoder=True)
+    text_key = next((k for k in ("decoder", "generator", "text_config") if getattr(base, k, None) is text), None)
+    d = _shrink(base.to_dict())
+    target = d[text_key] if text_key else d
+    target["vocab_size"] = vocab
+    _ids_below(d, vocab)
+    return config_cls.from_dict(d)
+
+
+def _shrink(d: dict) -> dict:
+    layers = d.get("num_hidden_layers")
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and ("model_type" in v or str(k).endswith("_config") or k in ("decoder", "encoder")):
+            out[k] = _shrink(v)
+        elif isinstance(v, bool) or not isinstance(v, (int, list)) or not isinstance(k, str):
+            out[k] = v
+        elif isinstance(v, list) and isinstance(layers, int) and len(v) == layers and layers > _LAYERS:
+            continue  # per-layer lists (layer_types...): derived again from the new layer count
+        elif isinstance(v, list):
+            out[k] = v
+        elif k in _WIDTH_KEYS:
+            out[k] = _WIDTH
+        elif k in _FFN_KEYS:
+            out[k] = _FFN
+        elif k in _HEAD_KEYS:
+            out[k] = _HEADS
+        elif k in _LAYER_KEYS:
+            out[k] = min(v, _LAYERS)
+        elif k == "head_dim" or k.endswith("_head_dim"):
+            out[k] = _WIDTH // _HEADS
+        elif k in _EXPERT_KEYS:
+            out[k] = min(v, _EXPERT_KEYS[k])
+        else:
+            out[k] = v
+    return out
+
+
+def _ids_below(d: dict, vocab: int) -> None:
+    """Special token ids past the tiny vocabulary (a pad id of 128004) would index no row."""
+    spare = iter(range(3, vocab))
+    for k, v in list(d.items()):
+        if isinstance(v, dict):
+            _ids_below(v, vocab)
+        elif isinstance(k, str) and (k.endswith("_token_id") or k.endswith("_token_index") or k.endswith("_token_ids")) and v is not None:
+            fixed = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 0}
+            if isinstance(v, int) and not isinstance(v, bool) and v >= vocab:
+                d[k] = fixed.get(k, vocab - 1 - next(spare) % 16)
+            elif isinstance(v, list):
+                d[k] = [i if not isinstance(i, int) or i < vocab else fixed.get(k, 2) for i in v]
+
+
+def build_registry_model(model_type: str, class_name: str, vocab: int, seed: int = 0) -> torch.nn.Module:
+    import transformers
+
+    cls = getattr(transformers, class_name)
+    config = tiny_config(model_type, vocab)
+    torch.manual_seed(seed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cls(config)
+
+
+def trainer_optimizer(model: torch.nn.Module, like: torch.nn.Module | None = None) -> tuple[torch.optim.Optimizer, Any]:
+    """The HF Trainer's AdamW: decay and no-decay groups by its own rule, and its linear schedule. `like`: the
+    model the saved optimizer was built for (a resumed run groups the same parameter names; a class whose
+    from_pretrained leaves other parameters trainable than its constructor does is not what is tested here)."""
+    import transformers
+
+    ref = like if like is not None else model
+    decay = set(transformers.Trainer.get_decay_parameter_names(None, ref))
+    trained = {n for n, p in ref.named_parameters() if p.requires_grad}
+    params = [(n, p) for n, p in model.named_parameters() if n in trained]
+    groups = [{"params": [p for n, p in params if n in decay], "weight_decay": 0.01},
+              {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=1e-3)
+    return opt, transformers.get_linear_schedule_with_warmup(opt, 1, 10)
+
+
+def registry_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, vocab: int, seed: int) -> float:
+    """One real AdamW step: the model's own loss on text alone where its forward takes that, else the LM
+    path's (input embedding, then output embedding): the vocab tensors and their moments train either way."""
+    model.train()
+    batch = _batch(vocab, seed)
+    try:
+        loss = model(**batch).loss
+        if loss is None or not torch.isfinite(loss):
+            raise ValueError("no finite loss")
+    except Exception:
+        opt.zero_grad()
+        loss = _embedding_loss(model, batch["input_ids"])
+    loss.backward()
+    opt.step()
+    sched.step()
+    opt.zero_grad()
+    return float(loss.detach())
+
+
+def _embedding_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    x = model.get_input_embeddings()(ids)
+    head = model.get_output_embeddings()
+    if isinstance(head, torch.nn.Linear) and head.in_features == x.shape[-1]:
+        logits = head(x)
+        return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), ids.reshape(-1))
+    return x.float().square().mean()
+
+
+def model_vocab_names(model: torch.nn.Module, vocab: int) -> set[str]:
+    """The ground truth: the state_dict names of `get_input_embeddings`/`get_output_embeddings` (weight and
+    bias) and of every tensor tied to them, and any other tensor with a dimension of the vocab size."""
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    params = [m.weight for m in (embed, head) if m is not None and isinstance(getattr(m, "weight", None), torch.Tensor)]
+    if head is not None and isinstance(getattr(head, "bias", None), torch.Tensor):
+        params.append(head.bias)
+    # the LM's: an encoder-decoder's encoder embedding has its own vocabulary (its own tokenizer and size)
+    params = [p for p in params if p.dim() and any(vocab <= d <= vocab + 256 for d in p.shape)]
+    state = model.state_dict(keep_vars=True)
+    return {n for n, t in state.items() if any(t is p for p in params) or (t.dim() and vocab in t.shape)}
+
+
+@dataclass
+class RegistryOutcome:
+    registry: str
+    model_type: str
+    class_name: str
+    built: bool = False
+    right: bool = False
+    skipped: str = ""  # why the class could not be built tiny on CPU
+    problem: str = ""
+
+
+def check_registry_class(registry: str, model_type: str, class_name: str, folder: Path) -> RegistryOutcome:
+    """The whole contract for one class (see the section's comment), as a result, never an exception."""
+    import signal
+
+    def too_slow(*_):
+        raise TimeoutError(f"over {CLASS_SECONDS} s on CPU")
+
+    previous = signal.signal(signal.SIGALRM, too_slow)
+    signal.alarm(CLASS_SECONDS)
+    try:
+        return _check_registry_class(registry, model_type, class_name, folder)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _check_registry_class(registry: str, model_type: str, class_name: str, folder: Path) -> RegistryOutcome:
+    out = RegistryOutcome(registry, model_type, class_name)
+    try:
+        model = build_registry_model(model_type, class_name, VOCAB)
+        params = sum(p.numel() for p in model.parameters())
+        if params > MAX_PARAMS:
+            out.skipped = f"{params / 1e6:.0f}M parameters after shrinking"
+            return out
+        if model.get_input_embeddings() is None:
+            out.skipped = "no input embedding"
+            return out
+        opt, sched = trainer_optimizer(model)
+        for seed in (1, 2):
+            registry_step(model, opt, sched, VOCAB, seed)
+        src = save_trainer_folder(model, opt, sched, folder / "run" / "checkpoint-2", step=2)
+        info = _loading_info(type(model), src)
+    except Exception as exc:
+        out.skipped = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+        return out
+    if info:
+        out.skipped = f"its own save_pretrained does not reload: {str(info)[:160]}"
+        return out
+    out.built = True
+    try:
+        out.problem = _check_folder(model, src, folder)
+    except Exception as exc:  # a failure is a result of the corpus, reported per class
+        out.problem = f"{type(exc).__name__}: {str(exc)[:300]}"
+    out.right = not out.problem
+    return out
+
+
+def save_trainer_folder(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: Any, folder: Path,
+                        step: int) -> Path:
+    """What `Trainer._save_checkpoint` writes (model, config, optimizer, scheduler, state, rng), and a
+    processor's files beside the tokenizer's."""
+    import json
+
+    from transformers import PreTrainedTokenizerFast
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(folder)
+    torch.save(opt.state_dict(), folder / "optimizer.pt")
+    torch.save(sched.state_dict(), folder / "scheduler.pt")
+    torch.save({"python": None, "cpu": torch.get_rng_state()}, folder / "rng_state.pth")
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    tok = word_level_tokenizer(folder.parent / "tokenizer.json", VOCAB)
+    PreTrainedTokenizerFast(tokenizer_file=str(tok), unk_token="<unk>", pad_token="t1").save_pretrained(folder)
+    (folder / "special_tokens_map.json").write_text('{"pad_token": "t1", "unk_token": "<unk>"}\n')
+    for name, text in PROCESSOR_FILES.items():
+        (folder / name).write_text(text)
+    return folder
+
+
+PROCESSOR_FILES = {"preprocessor_config.json": '{"image_processor_type": "ImageProcessor", "size": 32}\n',
+                   "processor_config.json": '{"processor_class": "Processor", "image_seq_length": 4}\n',
+                   "chat_template.jinja": "{% for m in messages %}{{ m['content'] }}{% endfor %}\n"}
+
+
+def _loading_info(cls: Any, folder: Path) -> dict:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, info = cls.from_pretrained(folder, output_loading_info=True)
+    return {k: v for k, v in info.items() if v and k != "error_msgs"}
+
+
+def _check_folder(model: torch.nn.Module, src: Path, folder: Path) -> str:
+    import json
+
+    from safetensors.torch import load_file
+    from tokenizer_factory import extend_tokenizer_json
+
+    saved = _safetensors(src, load_file)
+    expected = _saved_names(model_vocab_names(model, VOCAB), model, saved)
+    old_tok = src.parent / "tokenizer.json"
+    new_dir = folder / "new"
+    new_dir.mkdir()
+    extend_tokenizer_json(old_tok, new_dir / "tokenizer.json", ADDED)
+    (new_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+
+    right = ckptfix.inspect(str(src), tokenizer=str(src))
+    wrong = ckptfix.inspect(str(src), tokenizer=str(new_dir))
+    errors = [f.code for f in right.findings if f.severity == "error"]
+    named = {v.name for v in wrong.vocab} | {v.tied_to for v in wrong.vocab if v.tied_to}
+    if errors:
+        return f"inspect at its tokenizer's size: {errors}"
+    if named != expected:
+        return f"inspect named {sorted(named - expected)} wrongly, missed {sorted(expected - named)}"
+    if not any(f.severity == "error" for f in wrong.findings):
+        return "inspect after 3 added tokens found no error"
+
+    fixed = folder / "fixed"
+    ckptfix.repair(str(src), str(new_dir), str(fixed))
+    info = _loading_info(type(model), fixed)
+    if info:
+        return f"from_pretrained of the repaired folder: {info}"
+    problems = _compare(src, fixed, saved, load_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        resumed = type(model).from_pretrained(fixed)
+    opt, sched = trainer_optimizer(resumed, like=model)
+    opt.load_state_dict(torch.load(fixed / "optimizer.pt", weights_only=True))
+    sched.load_state_dict(torch.load(fixed / "scheduler.pt", weights_only=True))
+    loss = registry_step(resumed, opt, sched, VOCAB + len(ADDED), seed=3)
+    if not torch.isfinite(torch.tensor(loss)):
+        problems.append(f"resumed loss {loss}")
+    return "; ".join(problems)
+
+
+def _saved_names(names: set[str], model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> set[str]:
+    """The names `save_pretrained` gave those tensors (transformers 5 saves some models under their checkpoint
+    names, not their module names; a tied copy is not saved): found by value, each one a random init."""
+    state = model.state_dict()
+    wanted = [state[n] for n in names]
+    return {k for k, t in saved.items() if any(t.shape == w.shape and torch.equal(t, w) for w in wanted)}
+
+
+def _safetensors(folder: Path, load_file: Any) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in sorted(folder.glob("*.safetensors")):
+        out.update(load_file(f))
+    return out
+
+
+def _compare(src: Path, fixed: Path, saved: dict, load_file: Any) -> list[str]:
+    """Old rows and moments bit-identical, every other tensor and file untouched, the config changed only in
+    the LM vocab size, the processor's files carried, the new tokenizer where the processor reads it."""
+    import json
+
+    problems = []
+    new = _safetensors(fixed, load_file)
+    problems += [f"{n} changed" for n, t in saved.items() if not _rows_kept(t, new.get(n))]
+    old_opt = torch.load(src / "optimizer.pt", weights_only=True)
+    new_opt = torch.load(fixed / "optimizer.pt", weights_only=True)
+    if old_opt["state"].keys() != new_opt["state"].keys():
+        problems.append("optimizer state entries changed")
+    for i, entry in old_opt["state"].items():
+        problems += [f"moment {i}.{k} changed" for k, t in entry.items() if not _rows_kept(t, new_opt["state"][i].get(k))]
+    old_cfg, new_cfg = (json.loads((f / "config.json").read_text()) for f in (src, fixed))
+    changed = sorted(_diff_paths(old_cfg, new_cfg))
+    text = next((k for k in ("decoder", "generator", "text_config") if isinstance(old_cfg.get(k), dict)), None)
+    want = f"{text}.vocab_size" if text else "vocab_size"
+    # the text config's size, and any other one recording the same vocabulary (Moshi's depth decoder's)
+    if want not in changed or any(_get(old_cfg, p) != VOCAB for p in changed):
+        problems.append(f"config.json changed at {changed}, not {want}")
+    for name in [*PROCESSOR_FILES, "special_tokens_map.json", "rng_state.pth", "scheduler.pt"]:
+        if (src / name).read_bytes() != (fixed / name).read_bytes():
+            problems.append(f"{name} not carried")
+    if (fixed / "tokenizer.json").read_bytes() != (fixed.parent / "new" / "tokenizer.json").read_bytes():
+        problems.append("the new tokenizer.json is not where the processor reads it")
+    return problems
+
+
+def _get(config: dict, path: str) -> Any:
+    for key in path.split("."):
+        config = config.get(key) if isinstance(config, dict) else None
+    return config
+
+
+def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [p for k in a.keys() | b.keys() for p in _diff_paths(a.get(k), b.get(k), f"{prefix}{k}.")]
+    return [] if a == b else [prefix.rstrip(".")]
+
+
+def _rows_kept(old: torch.Tensor, new: torch.Tensor | None) -> bool:
+    """Bit-identical, but for rows past the old ones along the first (or a bias's last) axis."""
+    if new is None or new.dtype != old.dtype or new.dim() != old.dim():
+        return False
+    if old.shape == new.shape:
+        return torch.equal(old, new)
+    differ = [i for i, (a, b) in enumerate(zip(old.shape, new.shape)) if a != b]
+    if len(differ) != 1 or new.shape[differ[0]] < old.shape[differ[0]]:
+        return False
+    return torch.equal(old, new.narrow(differ[0], 0, old.shape[differ[0]]))

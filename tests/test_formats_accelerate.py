@@ -71,7 +71,7 @@ def test_model_optimizer_scheduler_and_values(saved, folder):
         for name, tensor in want.items():
             np.testing.assert_array_equal(ckpt.model[name].read(), tensor.numpy())
     o = ckpt.optimizer
-    assert o.kind == "adamw" and len(o.state) == 4 and {ps.step for ps in o.state.values()} == {float(STEPS)}
+    assert o.kind == "AdamW" and len(o.state) == 4 and {ps.step for ps in o.state.values()} == {float(STEPS)}
     live = opt.state_dict()["state"]
     for index, ps in o.state.items():
         np.testing.assert_array_equal(ps.tensors["exp_avg"].read(), live[index]["exp_avg"].numpy())

@@ -72,7 +72,7 @@ def test_model_optimizer_scheduler(saved):
     want = run.model.state_dict()
     assert {n: t.shape for n, t in ckpt.model.items()} == {n: tuple(t.shape) for n, t in want.items()}
     opt = ckpt.optimizer
-    assert opt.kind == "adamw" and len(opt.state) == len(list(run.model.parameters()))
+    assert opt.kind == "AdamW" and len(opt.state) == len(list(run.model.parameters()))
     assert all(isinstance(p, str) for p in opt.indices())  # FQN-keyed, as get_state_dict saves it
     assert {ps.step for ps in opt.state.values()} == {float(STEPS)}
     assert opt.groups[0].lr == pytest.approx(run.optimizer.param_groups[0]["lr"])

@@ -102,7 +102,7 @@ def test_model_optimizer_step_and_values(ds_dir, name):
     assert ckpt.extras["global_steps"] == 3
     assert ckpt.scheduler == {"last_batch_iteration": 2}
     opt = ckpt.optimizer
-    assert opt.kind == "adamw" and len(opt.state) == 4
+    assert opt.kind == "AdamW" and len(opt.state) == 4
     assert {ps.step for ps in opt.state.values()} == {3.0}
     for pname, want in truth.items():
         index = pname if stage else list(NAMES).index(pname)  # ZeRO state is FQN-keyed; stage 0 by position

@@ -66,7 +66,7 @@ def test_model_optimizer_scheduler(run):
     for name, tensor in want.items():
         np.testing.assert_array_equal(ckpt.model[name].read(), tensor.numpy())
     opt = ckpt.optimizer
-    assert ckpt.sections["optimizer"] == "optimizer_states[0]" and opt.kind == "adamw"
+    assert ckpt.sections["optimizer"] == "optimizer_states[0]" and opt.kind == "AdamW"
     assert len(opt.state) == len(want) and {ps.step for ps in opt.state.values()} == {float(STEPS)}
     live = trainer.optimizers[0].state_dict()["state"]
     for index, ps in opt.state.items():
@@ -102,4 +102,4 @@ def test_path_in_hyper_parameters_is_read_as_inert_data(tmp_path):
     assert strict.extras["hyper_parameters"]["out_dir"].args == ("/", "data", "run")
     ckpt = read_checkpoint(tmp_path / "path.ckpt", trust_pickle=True)
     assert ckpt.extras["hyper_parameters"]["out_dir"].cls.startswith("pathlib.")
-    assert ckpt.optimizer.kind == "adamw"
+    assert ckpt.optimizer.kind == "AdamW"

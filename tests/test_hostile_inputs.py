@@ -72,8 +72,8 @@ def _dag_record(sd):
 WRONG_TYPES = {  # name: (mutation, message after "<path>: ")
     "weight_decay_list": (_group("weight_decay", [1, 2]), "optimizer: param_groups[0].weight_decay: expected a number, got a list"),
     "weight_decay_str": (_group("weight_decay", "x"), "optimizer: param_groups[0].weight_decay: expected a number, got the string 'x'"),
-    "betas_int": (_group("betas", 3), "optimizer: param_groups[0].betas: expected a pair of numbers, got 3"),
-    "betas_none": (_group("betas", None), "optimizer: param_groups[0].betas: expected a pair of numbers, got None"),
+    "betas_int": (_group("betas", 3), "optimizer: param_groups[0].betas: expected a short list of numbers, got 3"),
+    "betas_none": (_group("betas", None), "optimizer: param_groups[0].betas: expected a short list of numbers, got None"),
     "lr_bool": (_group("lr", True), "optimizer: param_groups[0].lr: expected a number, got True"),
     "scaler_int_keys": (lambda sd: sd.__setitem__("scaler", {1: 2.0}), "scaler: scaler key: expected string attribute names, got 1"),
     "scaler_scale_str": (_set("scaler", "scale", "big"), "scaler: scale: expected a number, got the string 'big'"),

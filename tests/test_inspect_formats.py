@@ -44,7 +44,7 @@ def test_key_spellings(tmp_path, run, model_key, optim_key, sched_key, scaler_ke
     keys = {"model": model_key, "optimizer": optim_key, "scheduler": sched_key, "scaler": scaler_key}
     data = inspect_json(save_checkpoint(run, tmp_path / "ckpt.pth", keys=keys))
     assert data["model"]["section"] == model_key and data["model"]["tensors"] == 16
-    assert data["optimizer"]["section"] == optim_key and data["optimizer"]["type"] == "adamw"
+    assert data["optimizer"]["section"] == optim_key and data["optimizer"]["type"] == "AdamW"
     assert data["optimizer"]["mapping"] == "position" and data["optimizer"]["step"] == 5
     assert data["scheduler"]["section"] == sched_key and data["scheduler"]["last_epoch"] == 5
     assert data["scaler"]["section"] == scaler_key and data["scaler"]["scale"] == 65536.0
@@ -86,14 +86,14 @@ def _optimizer_checkpoint(tmp_path, make, steps: int = 2) -> Path:
 
 
 @pytest.mark.parametrize("make, kind, state_keys", [
-    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "sgd-momentum", {"momentum_buffer"}),
-    (lambda p: torch.optim.SGD(p, lr=0.1), "sgd", set()),
-    (lambda p: torch.optim.Adam(p, lr=1e-3), "adam", {"exp_avg", "exp_avg_sq"}),
-    (lambda p: torch.optim.Adam(p, lr=1e-3, weight_decay=0.1), "adam", {"exp_avg", "exp_avg_sq"}),  # L2, not AdamW
-    (lambda p: torch.optim.AdamW(p, lr=1e-3), "adamw", {"exp_avg", "exp_avg_sq"}),
-    (lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0), "adamw", {"exp_avg", "exp_avg_sq"}),
-    (lambda p: torch.optim.Adagrad(p), "adagrad", {"sum"}),
-    (lambda p: torch.optim.RMSprop(p), "rmsprop", {"square_avg"}),
+    (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), "SGD (momentum)", {"momentum_buffer"}),
+    (lambda p: torch.optim.SGD(p, lr=0.1), "SGD", set()),
+    (lambda p: torch.optim.Adam(p, lr=1e-3), "Adam", {"exp_avg", "exp_avg_sq"}),
+    (lambda p: torch.optim.Adam(p, lr=1e-3, weight_decay=0.1), "Adam", {"exp_avg", "exp_avg_sq"}),  # L2, not AdamW
+    (lambda p: torch.optim.AdamW(p, lr=1e-3), "AdamW", {"exp_avg", "exp_avg_sq"}),
+    (lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0), "AdamW", {"exp_avg", "exp_avg_sq"}),
+    (lambda p: torch.optim.Adagrad(p), "Adagrad", {"sum"}),
+    (lambda p: torch.optim.RMSprop(p), "RMSprop", {"square_avg"}),
 ], ids=["sgd-momentum", "sgd", "adam", "adam-l2", "adamw", "adamw-wd0", "adagrad", "rmsprop"])
 def test_optimizer_kind(tmp_path, make, kind, state_keys):
     data = inspect_json(_optimizer_checkpoint(tmp_path, make))
@@ -106,7 +106,7 @@ def test_optimizer_kind(tmp_path, make, kind, state_keys):
 def test_optimizer_kind_hf_adafactor(tmp_path):
     optimization = pytest.importorskip("transformers.optimization")
     data = inspect_json(_optimizer_checkpoint(tmp_path, lambda p: optimization.Adafactor(p)))
-    assert data["optimizer"]["type"] == "adafactor"
+    assert data["optimizer"]["type"] == "Adafactor (transformers)"
     assert {"exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq"} <= set(data["optimizer"]["state_keys"])
     assert data["optimizer"]["mapping"] == "position" and data["findings"] == []
 
@@ -124,7 +124,7 @@ def test_optimizer_kind_torch_adafactor_is_adafactor(tmp_path):
     if not hasattr(torch.optim, "Adafactor"):
         pytest.skip("torch.optim.Adafactor needs torch >= 2.5")
     data = inspect_json(_optimizer_checkpoint(tmp_path, lambda p: torch.optim.Adafactor(p, lr=1e-2)))
-    assert data["optimizer"]["type"] == "adafactor"
+    assert data["optimizer"]["type"] == "Adafactor (torch.optim)"
 
 
 # ----------------------------------------------------------------------------------------- safetensors
@@ -228,7 +228,7 @@ def test_hf_trainer_checkpoint(trainer_checkpoint):
     assert data["model"]["section"] == "model.safetensors" and data["model"]["tensors"] == 16
 
     opt = data["optimizer"]
-    assert opt["section"] == "optimizer.pt" and opt["type"] == "adamw" and opt["step"] == 2
+    assert opt["section"] == "optimizer.pt" and opt["type"] == "AdamW" and opt["step"] == 2
     # The Trainer's two groups: weight decay, then no decay (biases and LayerNorm weights).
     assert [(g["params"], g["weight_decay"]) for g in opt["param_groups"]] == [(6, 0.01), (10, 0.0)]
     # safetensors stores tensors sorted by name, not in named_parameters() order, so neither the model

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from ckptfix.checkpoint import Checkpoint
 from ckptfix.mapping import ParamMapping
+from ckptfix.optim_state import refusals
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -57,6 +58,8 @@ class Context:
         blocked = repair_blocker(self.ckpt, self.vocab)
         if blocked:
             return f"ckptfix repair cannot fix this: {blocked}."
+        if not {"--policy fresh", "--policy reset"} & set(extra) and refusals(self.ckpt.optimizer, self.vocab):
+            extra = (*[e for e in extra if not e.startswith("--policy")], "--policy fresh")  # CKF210 says why
         src = self.ckpt.path.rstrip("/") or self.ckpt.path
         root, ext = os.path.splitext(src)
         out = f"{src}-fixed" if os.path.isdir(src) else f"{root}.fixed{ext}"

@@ -7,6 +7,7 @@ from typing import Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
 from ckptfix.mapping import MOMENT_KEYS
+from ckptfix.optim_state import describe, refusals
 
 
 @check("CKF201", "error", "optimizer moment shape differs from its parameter",
@@ -93,3 +94,21 @@ def weak_mapping(ctx: Context) -> Iterator[Finding]:
         "CKF204", f"{mapped} of {total} optimizer entries matched to parameters (method: {ctx.mapping.method})",
         pytorch="torch.optim saves state by position, not name; a model whose parameter order changed gets "
         "another parameter's moments without any error.")
+
+
+@check("CKF210", "warning", "optimizer state that cannot follow a vocab resize",
+       "A state of a vocab-sized parameter whose rows cannot be moved row by row (a preconditioner over the vocab "
+       "axis, a state whose meaning is not recorded, flat history over all parameters, an unknown optimizer): "
+       "repair stops on it unless --policy fresh or --policy reset is given.")
+def unremappable_state(ctx: Context) -> Iterator[Finding]:
+    found = refusals(ctx.ckpt.optimizer, ctx.vocab) if ctx.vocab else []
+    if not found:
+        return
+    opt = ctx.ckpt.optimizer
+    assert opt is not None
+    yield finding(
+        "CKF210", f"{opt.kind}: {len(found)} state(s) cannot follow a resize of the vocab rows: {describe(found)}",
+        pytorch="Resizing the vocab rows leaves these states at the old size or in the old rows' basis: the first "
+        "optimizer.step() raises on a size mismatch or updates new rows with another row's statistics.",
+        fix=ctx.repair_command("--policy fresh") + "  (drops optimizer state, keeps the schedule; or --policy reset)",
+        tensors=sorted({v.name for v in ctx.vocab}))

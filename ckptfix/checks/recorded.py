@@ -12,7 +12,7 @@ from ckptfix.recorded import disagreeing, find_recorded
        "A vocab_size recorded in the checkpoint (config.json, nanoGPT model_args, Lightning hyper_parameters, "
        "litgpt padded_vocab_size) is not the rows of its vocab tensors: the model rebuilt from it cannot load them.")
 def recorded_size(ctx: Context) -> Iterator[Finding]:
-    rows = {v.rows for v in ctx.vocab if v.role in ("embedding", "head")}
+    rows = {v.token_rows for v in ctx.vocab if v.role in ("embedding", "head")}
     if not rows:
         return
     wrong = disagreeing(find_recorded(ctx.ckpt.extras), rows)

@@ -18,7 +18,7 @@ def _mismatched(ctx: Context, smaller: bool):
     if ctx.tokenizer is None:
         return []
     size = ctx.tokenizer.size
-    return [v for v in ctx.vocab if (v.rows < size if smaller else v.rows > size)]
+    return [v for v in ctx.vocab if (v.token_rows < size if smaller else v.token_rows > size)]
 
 
 @check("CKF101", "error", "vocab rows fewer than the tokenizer",
@@ -27,7 +27,7 @@ def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
     short = _mismatched(ctx, smaller=True)
     if not short:
         return
-    size, rows = ctx.tokenizer.size, min(v.rows for v in short)
+    size, rows = ctx.tokenizer.size, min(v.token_rows for v in short)
     lost = [f"{tid}:{tok!r}" for tid, tok, _ in ctx.tokenizer.added_tokens if tid >= rows][:5]
     extra = f"; added tokens past the end include {', '.join(lost)}" if lost else ""
     yield finding(
@@ -46,8 +46,8 @@ _MEGATRON_LOADS = ("Megatron's own dist_checkpointing.load does not raise: it lo
 def _fits(ctx: Context, verdicts: tuple[str, ...]) -> list[tuple[VocabTensor, Fit]]:
     """Vocab tensors with more rows than the tokenizer whose fit is one of `verdicts`."""
     recorded = recorded_rows(ctx.ckpt.extras)
-    fits = [(v, fit_rows(v.rows, ctx.tokenizer.size, v.rows if v.rows in recorded else None,
-                         (megatron_padding(ctx.ckpt.extras, v.rows) or (None,))[0]))
+    fits = [(v, fit_rows(v.token_rows, ctx.tokenizer.size, v.token_rows if v.token_rows in recorded else None,
+                         (megatron_padding(ctx.ckpt.extras, v.token_rows) or (None,))[0]))
             for v in _mismatched(ctx, smaller=False)]
     return [(v, f) for v, f in fits if f.verdict in verdicts]
 
@@ -59,7 +59,7 @@ def rows_above_tokenizer(ctx: Context) -> Iterator[Finding]:
     extra = [v for v, _ in _fits(ctx, ("too-many",))]
     if not extra:
         return
-    size, rows = ctx.tokenizer.size, max(v.rows for v in extra)
+    size, rows = ctx.tokenizer.size, max(v.token_rows for v in extra)
     yield finding(
         "CKF102", f"{len(extra)} vocab tensor(s) have {rows} rows but the tokenizer has {size} tokens "
         f"({rows - size} extra row(s), not padding to a multiple of 8..256)",
@@ -105,7 +105,7 @@ def embedding_head_disagree(ctx: Context) -> Iterator[Finding]:
     heads = [v for v in ctx.vocab if v.role in ("head", "head-bias") and v.tied_to is None]
     for head in heads:
         for embed in embeds:
-            if head.rows != embed.rows and embed.rows > 0 and abs(head.rows - embed.rows) < embed.rows // 2:
+            if head.token_rows != embed.token_rows and embed.rows > 0 and abs(head.rows - embed.rows) < embed.rows // 2:
                 yield finding(
                     "CKF104", f"{embed.name} has {embed.rows} rows but {head.name} has {head.rows}",
                     pytorch="A model builds both from one vocab size, so load_state_dict raises a size mismatch "

@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Mapping
 
-from ckptfix.checkpoint import ByteRange, Checkpoint, OptimizerState, ParamGroup, ParamState, TensorInfo, read_scalar
+from ckptfix.checkpoint import (
+    ByteRange,
+    Checkpoint,
+    OptimizerPart,
+    OptimizerState,
+    ParamGroup,
+    ParamState,
+    TensorInfo,
+    read_scalar,
+)
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+from ckptfix.optim_state import kind_name
 from ckptfix.record import RECORD_KEY, Record
 from ckptfix.untrusted import escape, fail
 
@@ -85,17 +95,11 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
         ckpt.model = _model_tensors(path, tree[model_key], locate_for)
         ckpt.tied = find_tied(ckpt.model)
         used.add(model_key)
-    optim_key = _first(tree, OPTIMIZER_KEYS, is_optimizer_state)
-    if optim_key is None and isinstance(tree.get("optimizer_states"), list) and tree["optimizer_states"] \
-            and isinstance(tree["optimizer_states"][0], Mapping):
-        optim_key = "optimizer_states"
-        if len(tree[optim_key]) > 1:
-            ckpt.notes.append(f"{len(tree[optim_key])} optimizers saved; ckptfix reports the first")
-    if optim_key is not None:
-        sd = tree[optim_key][0] if optim_key == "optimizer_states" else tree[optim_key]
-        ckpt.sections["optimizer"] = optim_key + ("[0]" if optim_key == "optimizer_states" else "")
-        ckpt.optimizer = parse_optimizer(sd, locate_for, path)
-        used.add(optim_key)
+    sections = optimizer_sections(tree)
+    if sections:
+        ckpt.optimizer = parse_optimizers([(sec, _section(tree, sec)) for sec in sections], locate_for, path)
+        ckpt.sections["optimizer"] = sections[0]
+        used.update(sec.split("[")[0] for sec in sections)
     sched_key = _first(tree, SCHEDULER_KEYS, lambda v: isinstance(v, Mapping))
     if sched_key is None and isinstance(tree.get("lr_schedulers"), list) and tree["lr_schedulers"] \
             and isinstance(tree["lr_schedulers"][0], Mapping):
@@ -125,6 +129,43 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
     return ckpt
 
 
+def optimizer_sections(tree: Mapping) -> list[str]:
+    """Where a dict checkpoint keeps optimizer state: "optimizer", "optimizer_states[1]", ... Every optimizer
+    is found, under the usual keys first, then under any other key, alone or in a list (modded-nanogpt's
+    `optimizers: [muon, adamw]`, Lightning's `optimizer_states`, a second `muon_optimizer` key)."""
+    keys = [k for k in OPTIMIZER_KEYS if k in tree] + [k for k in tree if isinstance(k, str) and k not in OPTIMIZER_KEYS]
+    out: list[str] = []
+    for key in keys:
+        value = tree[key]
+        if is_optimizer_state(value):
+            out.append(key)
+        elif isinstance(value, list) and value and all(is_optimizer_state(v) for v in value):
+            out += [f"{key}[{i}]" for i in range(len(value))]
+    return out
+
+
+def _section(tree: Mapping, section: str) -> Any:
+    key, _, index = section.partition("[")
+    return tree[key][int(index[:-1])] if index else tree[key]
+
+
+def parse_optimizers(found: list[tuple[str, Mapping]], locate_for: Locator | None, origin: str) -> OptimizerState:
+    """One optimizer, or several merged into one `OptimizerState` whose entries are `(part, index)`
+    (each optimizer numbers its own parameters from 0), with an `OptimizerPart` per optimizer."""
+    if len(found) == 1:
+        return parse_optimizer(found[0][1], locate_for, origin)
+    groups: list[ParamGroup] = []
+    state: dict[Any, ParamState] = {}
+    parts = []
+    for k, (section, sd) in enumerate(found):
+        one = parse_optimizer(sd, locate_for, f"{origin}: {section}")
+        groups += [ParamGroup([(k, i) for i in g.params], g.options) for g in one.groups]
+        state.update({(k, i): ps for i, ps in one.state.items()})
+        parts.append(OptimizerPart(section, one.kind, len(one.groups),
+                                   frozenset((k, i) for i in [*one.indices(), *one.state])))
+    return OptimizerState(kind=" + ".join(p.kind for p in parts), groups=groups, state=state, parts=parts)
+
+
 def _is_composer(tree: Mapping) -> bool:
     """Composer's `{'state': {'model', 'optimizers': {'AdamW': ...}, 'schedulers': {...}, ...}, 'rng': ...}`."""
     state = tree.get("state")
@@ -140,13 +181,10 @@ def _composer(ckpt: Checkpoint, tree: Mapping, locate_for: Locator) -> Checkpoin
     ckpt.sections["model"] = "state/model"
     ckpt.model = _model_tensors(ckpt.path, state["model"], locate_for)
     ckpt.tied = find_tied(ckpt.model)
-    optimizers = [(k, v) for k, v in state.get("optimizers", {}).items() if is_optimizer_state(v)]
+    optimizers = [(f"state/optimizers/{k}", v) for k, v in state.get("optimizers", {}).items() if is_optimizer_state(v)]
     if optimizers:
-        name, sd = optimizers[0]
-        ckpt.sections["optimizer"] = f"state/optimizers/{name}"
-        ckpt.optimizer = parse_optimizer(sd, locate_for, ckpt.path)
-        if len(optimizers) > 1:
-            ckpt.notes.append(f"{len(optimizers)} optimizers saved; ckptfix reports the first ({name})")
+        ckpt.sections["optimizer"] = optimizers[0][0]
+        ckpt.optimizer = parse_optimizers(optimizers, locate_for, ckpt.path)
     schedulers = state.get("schedulers")
     if isinstance(schedulers, Mapping):
         first = next(((k, v) for k, v in schedulers.items() if isinstance(v, Mapping)), None)
@@ -245,14 +283,47 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
         ps = ParamState()
         for key, value in entries.items():
             value = _lazy(value, ("state", index, key), locate_for)
+            nested = _nested_tensors(key, value, ("state", index), locate_for)
             if key == "step":
                 ps.step = read_scalar(value) if isinstance(value, TensorInfo) else _number(value)
+                ps.step_kind = "tensor" if isinstance(value, TensorInfo) else type(value).__name__
             elif isinstance(value, TensorInfo):
                 ps.tensors[key] = value
+            elif nested:
+                ps.tensors.update(nested)
             else:
                 ps.other[key] = value
         state[index] = ps
     return OptimizerState(kind=infer_kind(state, groups), groups=groups, state=state)
+
+
+def _nested_tensors(key: Any, value: Any, where: tuple, locate_for: Locator | None,
+                    depth: int = 0) -> dict[str, TensorInfo]:
+    """State kept in a list of tensors (SOAP's `GG`, `Q`) or a nested dict (bitsandbytes'
+    `__bnb_optimizer_quant_state__`), flattened to paths `GG[0]`, `__bnb_optimizer_quant_state__/state1`
+    (`surgery.torch_tree` writes them back by path). {} unless every leaf is a tensor or an empty list."""
+    if not isinstance(key, str) or depth > 3 or locate_for is None:
+        return {}
+    if isinstance(value, Mapping):
+        items = [(f"{key}/{k}", v) for k, v in value.items() if isinstance(k, str)]
+        if len(items) != len(value):
+            return {}
+    elif isinstance(value, (list, tuple)):
+        items = [(f"{key}[{j}]", v) for j, v in enumerate(value)]
+    else:
+        return {}
+    out: dict[str, TensorInfo] = {}
+    for path, item in items:
+        if isinstance(item, TensorRef):
+            out[path] = tensor_from_ref(".".join(map(str, (*where, path))), item, locate_for)
+        elif isinstance(item, (list, tuple)) and not item:
+            continue
+        else:
+            inner = _nested_tensors(path, item, where, locate_for, depth + 1)
+            if not inner:
+                return {}
+            out.update(inner)
+    return out
 
 
 def _lazy(value: Any, where: tuple, locate_for: Locator | None) -> Any:
@@ -272,28 +343,5 @@ def _number(value: Any) -> float | None:
 
 
 def infer_kind(state: Mapping[Any, ParamState], groups: list[ParamGroup]) -> str:
-    """The optimizer family, from the names of its state tensors and group options."""
-    keys: set[str] = set()
-    for ps in state.values():
-        keys.update(ps.tensors)
-    options = groups[0].options if groups else {}
-    # transformers' Adafactor (exp_avg_sq_row/col, scale_parameter) and torch.optim.Adafactor
-    # (row_var/col_var/variance, beta2_decay)
-    if {"exp_avg_sq_row", "exp_avg_sq_col", "exp_avg_sq_R", "exp_avg_sq_C", "row_var", "col_var"} & keys \
-            or {"scale_parameter", "relative_step", "beta2_decay"} & options.keys():
-        return "adafactor"
-    if {"exp_avg", "exp_avg_sq"} <= keys or (not keys and "betas" in options):
-        if options.get("decoupled_weight_decay") is True:
-            return "adamw"
-        if options.get("decoupled_weight_decay") is False:
-            return "adam"
-        return "adam" if not options.get("weight_decay") else "adamw"
-    if "momentum_buffer" in keys:
-        return "sgd-momentum"
-    if not keys and "momentum" in options and "dampening" in options:
-        return "sgd-momentum" if options.get("momentum") else "sgd"
-    if "sum" in keys:
-        return "adagrad"
-    if "square_avg" in keys:
-        return "rmsprop"
-    return "unknown"
+    """The optimizer as users name it, told by structure (`ckptfix.optim_state`)."""
+    return kind_name(state, groups)

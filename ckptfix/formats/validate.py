@@ -69,15 +69,17 @@ def check_optimizer(opt: OptimizerState, origin: str) -> None:
                 for j, item in enumerate(items):  # torch's Adafactor: eps=(None, 1e-3)
                     if item is not None:
                         _number_or_tensor(item, origin, f"{where}.{key}" + (f"[{j}]" if items is value else ""))
-            elif key == "betas":
-                if not isinstance(value, (list, tuple)) or len(value) != 2:
-                    raise fail(origin, f"{where}.betas", "a pair of numbers", value)
+            elif key == "betas":  # two for Adam, three for AdEMAMix and CAME: data, whatever the count
+                if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= 8:
+                    raise fail(origin, f"{where}.betas", "a short list of numbers", value)
                 for j, beta in enumerate(value):
-                    _number_or_tensor(beta, origin, f"{where}.betas[{j}]")
+                    if beta is not None:  # bitsandbytes' Lion/SGD pad with 0, others with None
+                        _number_or_tensor(beta, origin, f"{where}.betas[{j}]")
             elif key in _FLAG_OPTIONS and value is not None and not isinstance(value, bool):
                 raise fail(origin, f"{where}.{key}", "True, False or None", value)
     for index, ps in opt.state.items():
-        if isinstance(index, bool) or not isinstance(index, (int, str)):
+        inner = index[1] if opt.parts and isinstance(index, tuple) and len(index) == 2 else index  # (part, index)
+        if isinstance(inner, bool) or not isinstance(inner, (int, str)):
             raise fail(origin, "state key", "a parameter index (int) or name (str)", index)
         for key in ps.tensors:
             if not isinstance(key, str):

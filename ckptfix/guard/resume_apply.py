@@ -18,9 +18,26 @@ from ckptfix.guard.problems import Problem
 from ckptfix.guard.resume_plan import ResumePlan
 from ckptfix.guard.setup import named_params, unwrap_optimizer
 from ckptfix.mapping import MOMENT_KEYS
+from ckptfix.optim_state import state_path
 
 #: Elements compared per tensor to prove it was loaded (evenly spread over the tensor).
 SAMPLE = 64
+
+
+def _put(entry: dict[str, Any], path: list[Any], value: Any) -> None:
+    """Set a state value at its path (`optim_state.state_path`): SOAP's lists, bitsandbytes' nested dict."""
+    node: Any = entry
+    for head, nxt in zip(path, path[1:]):
+        if isinstance(node, list):
+            node.extend([None] * (head + 1 - len(node)))
+            if node[head] is None:
+                node[head] = [] if isinstance(nxt, int) else {}
+            node = node[head]
+        else:
+            node = node.setdefault(head, [] if isinstance(nxt, int) else {})
+    if isinstance(node, list):
+        node.extend([None] * (path[-1] + 1 - len(node)))
+    node[path[-1]] = value
 
 
 class Values:
@@ -157,10 +174,10 @@ class Apply:
             entry: dict[str, Any] = {}
             for key, info in ps.tensors.items():
                 edit = side.moment_edit(ci, key)
-                entry[key] = self._produce(edit) if edit is not None else values.tensor(info)
+                _put(entry, state_path(key), self._produce(edit) if edit is not None else values.tensor(info))
             if ps.step is not None:
-                entry["step"] = (int(ps.step) if copt.kind == "adafactor"
-                                 else torch.tensor(float(ps.step), dtype=torch.float32))
+                entry["step"] = {"int": int, "float": float}.get(ps.step_kind, lambda s: torch.tensor(
+                    float(s), dtype=torch.float32))(ps.step)
             entry.update({k: values(v, "optimizer", f"state.{ci}.{k}") for k, v in ps.other.items()})
             state[pos] = entry
         opt.load_state_dict({"state": state, "param_groups": groups})
@@ -260,7 +277,8 @@ def check_live_state(model: Any, optimizer: Any) -> list[Problem]:
                 if key in MOMENT_KEYS and value.shape != p.shape:
                     misshaped.append(f"{name} {list(p.shape)} <- {key} {list(value.shape)}")
                     break
-                if value.shape == p.shape and (value.dtype != p.dtype or value.device != p.device):
+                codes = value.dtype == torch.uint8 and p.dtype.is_floating_point  # bitsandbytes' 8-bit state, by design
+                if value.shape == p.shape and ((value.dtype != p.dtype and not codes) or value.device != p.device):
                     bad.append(f"{name}:{key} ({_dtype_name(value.dtype)} on {value.device}; "
                                f"parameter {_dtype_name(p.dtype)} on {p.device})")
                     break

@@ -384,6 +384,10 @@ def plan_optimizer(ckpt: Any, mapping: ParamMapping, model: ModelPlan, live: Liv
                     " Use policy='fresh' to drop the optimizer state.")
             out.problems.append(Problem("CKF822", "error", message + hint, names))
 
+    if copt.parts:  # Muon + AdamW saved together: each needs its own live optimizer
+        mismatch(f"the checkpoint holds {len(copt.parts)} optimizers ({copt.kind}, under "
+                 f"{', '.join(p.section for p in copt.parts)}); ResumeGuard restores one optimizer.", ())
+        return out
     if not side.layout_ok:
         c_layout = [len(g.params) for g in copt.groups]
         mismatch(f"the checkpoint's optimizer has {len(cidx)} parameter(s) in groups of "

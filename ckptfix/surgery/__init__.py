@@ -68,7 +68,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
            progress: Callable[[Iterable, int, str], Iterable] | None = None) -> RepairResult:
     """Fit a checkpoint to `tokenizer` and write it to `out` in the same format.
 
-    policy: "remap" (moments follow their rows; default for Adam-like optimizers), "fresh" (drop
+    policy: "remap" (the default: every optimizer state follows its rows by what it means, or repair stops
+    naming the states it cannot move, `ckptfix.optim_state`), "fresh" (drop
     optimizer state, keep the schedule position, the loop must re-warm) or "reset" (drop optimizer
     and scheduler state). init: "pieces" (the mean of the rows of the old tokenizer's pieces of each new
     token's text; the default when `from_tokenizer` is given), "mean" (HF mean_resizing; the default

@@ -1,7 +1,8 @@
 """What a repair will do, decided from the checkpoint model alone (no format specifics, no bytes read).
 
 Policies for the optimizer (`ckptfix.policies`, shared with the guard):
-  remap  moments follow their parameter's rows exactly (default for Adam-like optimizers);
+  remap  every optimizer state follows its parameter's rows by what it means (`ckptfix.optim_state`); the
+         default: where a state cannot follow its rows, repair stops and names it (`_refuse`);
   fresh  drop all optimizer state, keep param_groups and the scheduler position; the loop must re-warm;
   reset  drop optimizer and scheduler state; the schedule starts again.
 """
@@ -14,22 +15,31 @@ from typing import Any
 
 import numpy as np
 
-from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torch
+from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torch, widen_stored
 from ckptfix.checks import Finding
 from ckptfix.checks.reserved import never_trained_from
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
+from ckptfix.optim_state import Refusal, action_for, describe, state_keys, unremappable
 from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import megatron_padding, recorded_padding, recorded_rows
+from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
 from ckptfix.surgery.pieces import piece_rows
-from ckptfix.surgery.rows import RowPlan, apply_plan, fill_for, new_rows_for, plan_by_id, plan_by_token
+from ckptfix.surgery.rows import (
+    RowPlan,
+    apply_plan,
+    fill_for,
+    narrow_to_stored,
+    new_rows_for,
+    plan_by_id,
+    plan_by_token,
+)
 from ckptfix.vocab import repair_blocker
 
 POLICIES = REPAIR_POLICIES
 INITS = ("pieces", "mean", "zeros", "normal")
-ADAM_LIKE = ("adam", "adamw")
 DEFAULT_SCALE = 65536.0
 
 
@@ -44,6 +54,10 @@ class TensorEdit:
     moment_key: str | None = None
     tied: bool = False  # an embedding whose rows are also the head's (its new rows produce logits)
     owner: str | None = None  # a moment's weight (its model tensor name); None for a weight
+    fill: str | None = None  # an optimizer state's new rows, by its `optim_state.Rule`; None: `fill_for`'s
+    value: float | None = None  # "group-lr": the value new rows start at
+    copy_of: TensorEdit | None = None  # "weights": the weight whose new rows this state copies
+    _new_cache: Any = field(default=None, repr=False)  # the new rows, computed once (a copy must equal them)
 
     @property
     def new_shape(self) -> tuple[int, ...]:
@@ -54,19 +68,36 @@ class TensorEdit:
     def produce(self, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
         """The rewritten tensor as stored (numpy, contiguous; bfloat16 as its bits), computed from a view
         of the mapped source. Only this tensor is held while it is written."""
-        fill_kind = fill_for(init, self.moment_key, self.role, self.tied)
         keep = self.plan.prefix_rows()
         if keep is not None and not (self.role == "head-bias" and len(self.source.shape) == 2):
-            return self._produce_prefix(keep, fill_kind, std, rng)
+            return self._produce_prefix(keep, init, std, rng)
         old = self.source.read_stored()
         transposed = self.role == "head-bias" and old.ndim == 2
         if transposed:
             old = old.reshape(-1)
-        fill = new_rows_for(old, self.source.dtype, self.plan, fill_kind, std, rng)
+        fill = self.new_values(old, init, std, rng)
         out = apply_plan(old, self.plan, fill)
         return out.reshape(self.new_shape) if transposed else out
 
-    def _produce_prefix(self, keep: int, fill_kind: str, std: float, rng: np.random.Generator) -> np.ndarray:
+    def new_values(self, rows: np.ndarray, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
+        """The new rows' values as stored, from the old rows `rows` (as stored); computed once per edit, so
+        a parameter copy (`copy_of`) gets exactly the rows its weight got."""
+        if self._new_cache is None:
+            fill = self.fill or fill_for(init, self.moment_key, self.role, self.tied)
+            count = int((self.plan.source < 0).sum())
+            if fill == "weights" and self.copy_of is not None:
+                weight = self.copy_of
+                values = weight.new_values(weight.source.read_stored(), init, std, rng)
+                values = narrow_to_stored(widen_stored(values, weight.source.dtype).astype(np.float32)
+                                          .reshape(count, *rows.shape[1:]), self.source.dtype)
+            elif fill == "group-lr":
+                values = narrow_to_stored(np.full((count, *rows.shape[1:]), self.value, np.float32), self.source.dtype)
+            else:
+                values = new_rows_for(rows, self.source.dtype, self.plan, fill, std, rng)
+            self._new_cache = values
+        return self._new_cache
+
+    def _produce_prefix(self, keep: int, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
         """`produce` when the output is the source's rows 0..keep-1 then new rows: the kept rows are read
         straight into the output (one copy; a sharded source's pieces land in place, never assembled
         first) and the new rows' statistics come from that copy (all old rows, when rows are added)."""
@@ -77,7 +108,7 @@ class TensorEdit:
         out = np.empty(self.new_shape, dtype=src.read_dtype())
         src.read_rows_into(out[:keep])
         if self.plan.new_rows > keep:  # rows added: keep == old_rows, every old row is in out[:keep]
-            out[keep:] = new_rows_for(out[:keep], src.dtype, self.plan, fill_kind, std, rng)
+            out[keep:] = self.new_values(out[:keep], init, std, rng)
         return out
 
     def produce_torch(self, init: str, std: float, rng: np.random.Generator) -> Any:
@@ -111,14 +142,37 @@ class TensorEdit:
         return Spliced(ByteRange(where.file, start, keep * row_bytes), tail)
 
     def _new_rows(self, count: int, init: str, std: float, rng: np.random.Generator) -> Any:
-        src, fill = self.source, fill_for(init, self.moment_key, self.role, self.tied)
+        src, fill = self.source, self.fill or fill_for(init, self.moment_key, self.role, self.tied)
         if count == 0 or fill == "zeros":
             return bytes(DTYPE_SIZES[src.dtype] * count * math.prod(src.shape[1:]))  # +0.0 in every float dtype
-        return new_rows_for(src.read_stored(), src.dtype, self.plan, fill, std, rng)
+        return self.new_values(src.read_stored(), init, std, rng)
 
     def to_json(self) -> dict[str, Any]:
         return {"tensor": self.name, "role": self.role, "old_shape": list(self.source.shape),
                 "new_shape": list(self.new_shape), **self.plan.to_json()}
+
+
+@dataclass
+class BlockwiseEdit(TensorEdit):
+    """A bitsandbytes 8-bit state's codes, or their block scales (`scales`): both outputs of one
+    `surgery.blockwise.BlockwiseRows`, computed once."""
+
+    blockwise: Any = None
+    scales: bool = False
+
+    @property
+    def new_shape(self) -> tuple[int, ...]:
+        codes = self.blockwise.codes
+        if self.scales:
+            return (blocks_for(self.plan.new_rows * math.prod(codes.shape[1:])),)
+        return (self.plan.new_rows, *codes.shape[1:])
+
+    def produce(self, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
+        codes, scales = self.blockwise.result()
+        return scales if self.scales else codes
+
+    def stream(self, init: str, std: float, rng: np.random.Generator) -> Any:
+        return None
 
 
 @dataclass
@@ -150,9 +204,9 @@ class RepairPlan:
 
 
 def default_policy(ckpt: Checkpoint) -> str:
-    if ckpt.optimizer is None or ckpt.optimizer.kind in ADAM_LIKE + ("sgd-momentum", "sgd"):
-        return "remap"
-    return "fresh"  # Adafactor's factored moments or an unknown optimizer: don't guess their row layout
+    """Always `remap`: state follows its rows by what it means (`ckptfix.optim_state`). Where a state is
+    not understood, repair stops naming it (`_refuse`); dropping state is only ever what was asked for."""
+    return "remap"
 
 
 def default_init(tokenizer: Any, from_tokenizer: Any) -> str:
@@ -175,7 +229,9 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     and not at all when the new tokenizer alone shows that ids moved (CKF122)."""
     ckpt = report.ckpt
     from_tokenizer, rows_by, identity_notes = _old_tokenizer(report, tokenizer, from_tokenizer, keep_ids)
+    asked = policy is not None
     policy = canonical(policy) if policy else default_policy(ckpt)
+    refused: list[Refusal] = []
     init = init or default_init(tokenizer, from_tokenizer)
     if policy not in POLICIES:
         raise RepairError(f"unknown --policy {policy!r} (choose {', '.join(POLICIES)})")
@@ -196,7 +252,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
             raise RepairError(f"{ckpt.path}: {v.name} is a view that repeats its storage (strides "
                               f"{list(ckpt.model[v.name].stride or ())}, e.g. from expand()); save it with "
                               ".contiguous() before repairing it")
-    rows = max(v.rows for v in vocab)
+    rows = max(v.token_rows for v in vocab)
     target, why = target_rows(tokenizer.size, rows, pad_to=pad_to_multiple_of,
                               config_vocab=rows if rows in recorded_rows(ckpt.extras) else None,
                               old_tokens=from_tokenizer.size if from_tokenizer is not None else None,
@@ -214,30 +270,27 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
                       findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by)
     plans: dict[int, RowPlan] = {}
     for v in vocab:
-        if v.rows not in plans:
-            plans[v.rows] = _row_plan(v.rows, target, tokenizer, from_tokenizer)
+        if v.token_rows not in plans:
+            plans[v.token_rows] = _row_plan(v.token_rows, target, tokenizer, from_tokenizer)
             if from_tokenizer is None:
-                _renew_untrained_rows(plan, plans[v.rows], report.vocab, v.rows)
+                _renew_untrained_rows(plan, plans[v.token_rows], report.vocab, v.token_rows)
             if init == "pieces":
-                plans[v.rows].pieces = piece_rows(plans[v.rows].source, tokenizer, from_tokenizer, v.rows)
-        rows_plan = plans[v.rows]
+                plans[v.token_rows].pieces = piece_rows(plans[v.token_rows].source, tokenizer, from_tokenizer,
+                                                        v.token_rows)
+        rows_plan = _offset_plan(plan, v, plans[v.token_rows]) if v.offset else plans[v.token_rows]
         if rows_plan.is_identity():
             continue
         tied = any(t.tied_to == v.name for t in report.vocab)
         plan.weights[v.name] = TensorEdit(v.name, v.role, ckpt.model[v.name], rows_plan, tied=tied)
         if policy == "remap":
-            for key, moment in v.moments.items():
-                moment_rows = moment.shape[-1] if v.role == "head-bias" and len(moment.shape) == 2 else moment.shape[0]
-                mplan = rows_plan if moment_rows == v.rows else plan_by_id(moment_rows, rows_plan.new_rows)
-                if mplan is not rows_plan:
-                    plan.notes.append(f"{key} of {v.name} had {moment_rows} rows, not {v.rows}: resized by id")
-                plan.moments[(v.optimizer_index, key)] = TensorEdit(f"{v.name}:{key}", v.role, moment, mplan, key,
-                                                                 owner=v.name)
+            refused += _plan_states(plan, v, rows_plan)
             if ckpt.optimizer is not None and v.optimizer_index is None:
                 _no_state_for(plan, report, v)
+    if plan.weights and policy == "remap":
+        _refuse(plan, refused, asked=asked)
     _plan_optimizer(plan)
     _plan_scaler(plan)
-    _plan_recorded(plan, {v.rows for v in vocab if v.role in ("embedding", "head")})
+    _plan_recorded(plan, {v.token_rows for v in vocab if v.role in ("embedding", "head")})
     if ckpt.sections.get("optimizer") == "recipe_state.pt":
         plan.notes.append(f"torchtune's optimizer state ({ckpt.files.get('optimizer')}) is written repaired as "
                           "OUT/recipe_state.pt; torchtune resumes from <output_dir>/recipe_state/recipe_state.pt")
@@ -292,6 +345,104 @@ def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
         plan.notes.append(f"recorded {'.'.join(map(str, path))} set to {value}")
 
 
+def _offset_plan(plan: RepairPlan, v: Any, lm_plan: RowPlan) -> RowPlan:
+    """The rows of a tensor with `v.offset` rows past the LM vocabulary (Mllama's image-token rows): rows =
+    tokens + offset. Every old row stays at its id (the model addresses its own rows by fixed ids) and the
+    LM's new rows are appended; trailing rows dropped when the LM shrinks are counted like the LM's."""
+    if lm_plan.prefix_rows() is None:
+        raise RepairError(f"{plan.ckpt.path}: {v.name} has {v.offset} rows past the LM vocabulary (the model's own, "
+                          f"rows {v.token_rows}..{v.rows - 1}) and the rows move by token: ckptfix keeps such rows "
+                          "at their ids only when token rows are kept by id; pass --keep-ids if the ids are unchanged")
+    rows_plan = plan_by_id(v.rows, lm_plan.new_rows + v.offset)
+    if not rows_plan.is_identity():
+        plan.notes.append(f"{v.name}: {v.rows} rows = {v.token_rows} token rows + {v.offset} rows of the model's own "
+                          f"past the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (old rows "
+                          f"at their ids, {rows_plan.new} new appended, {rows_plan.dropped} trained row(s) dropped)")
+    return rows_plan
+
+
+def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[Refusal]:
+    """Every state of vocab tensor `v`'s optimizer entry, by its rule (`optim_state.action_for`): rows
+    remapped (new rows as the rule says), a column factor or a counter kept, or refused. Returns what
+    cannot be remapped."""
+    opt = plan.ckpt.optimizer
+    entry = opt.state.get(v.optimizer_index) if opt is not None and v.optimizer_index is not None else None
+    if opt is None or entry is None:
+        return []
+    kind, refused = opt.kind_of(v.optimizer_index), []
+    for key, t in entry.tensors.items():
+        head_bias = v.role == "head-bias" and len(t.shape) == 2
+        action = action_for(kind, key, t.shape, t.dtype, v.shape, head_bias)
+        if action.what == "refuse":
+            refused.append((key, v.name, action.why))
+        elif action.what == "keep":
+            plan.notes.append(f"{key} of {v.name} kept ({action.rule.meaning if action.rule else ''}: {action.why})")
+        elif action.what == "blockwise":
+            refused += _plan_blockwise(plan, v, key, entry.tensors, action.rule, rows_plan)
+        elif action.what == "rows":
+            refused += _plan_rows(plan, v, key, t, action.rule, rows_plan, head_bias)
+    return refused
+
+
+def _plan_rows(plan: RepairPlan, v: Any, key: str, t: TensorInfo, rule: Any, rows_plan: RowPlan,
+               head_bias: bool) -> list[Refusal]:
+    rows = t.shape[-1] if head_bias else t.shape[0]
+    mplan = rows_plan if rows == v.rows else plan_by_id(rows, rows_plan.new_rows)
+    if mplan is not rows_plan:
+        plan.notes.append(f"{key} of {v.name} had {rows} rows, not {v.rows}: resized by id")
+    edit = TensorEdit(f"{v.name}:{key}", v.role, t, mplan, key, owner=v.name, fill=rule.new_rows,
+                      copy_of=plan.weights[v.name])
+    if rule.new_rows == "group-lr":
+        edit.value = _group_lr(plan.ckpt.optimizer, v.optimizer_index)
+        if edit.value is None:
+            return [(key, v.name, "its group records no lr to start new rows at")]
+    plan.moments[(v.optimizer_index, key)] = edit
+    return []
+
+
+def _plan_blockwise(plan: RepairPlan, v: Any, key: str, tensors: dict, rule: Any,
+                    rows_plan: RowPlan) -> list[Refusal]:
+    """A bitsandbytes 8-bit state: its codes and block scales resized together (`surgery.blockwise`)."""
+    scales_key, book_key = rule.blockwise
+    codes, scales, book = tensors[key], tensors.get(scales_key), tensors.get(book_key)
+    if scales is None or book is None:
+        return [(key, v.name, "8-bit codes without their block scales and code book")]
+    state = BlockwiseRows(codes, scales, book, rows_plan, rule.new_rows)
+    why = state.check()
+    if why:
+        return [(key, v.name, why)]
+    index = v.optimizer_index
+    plan.moments[(index, key)] = BlockwiseEdit(f"{v.name}:{key}", v.role, codes, rows_plan, key, owner=v.name,
+                                               blockwise=state)
+    plan.moments[(index, scales_key)] = BlockwiseEdit(f"{v.name}:{scales_key}", v.role, scales, rows_plan,
+                                                      scales_key, owner=v.name, blockwise=state, scales=True)
+    moved = "" if rows_plan.prefix_rows() is not None else \
+        "; blocks holding moved rows are requantized (their values within 8-bit precision of the source's)"
+    plan.notes.append(f"{key} of {v.name}: 8-bit codes dequantized, moved by row and requantized in "
+                      f"bitsandbytes' blocks of {BLOCKSIZE} (blocks whose values stay in place keep their scale "
+                      f"and codes{moved})")
+    return []
+
+
+def _group_lr(opt: Any, index: Any) -> float | None:
+    group = next((g for g in opt.groups if index in g.params), None)
+    return group.lr if group is not None else None
+
+
+def _refuse(plan: RepairPlan, refused: list[Refusal], asked: bool) -> None:
+    """Stop, naming the optimizer and every state that cannot follow its rows, with the policies that
+    repair anyway; also for an optimizer whose kind or flat state ckptfix does not understand."""
+    opt = plan.ckpt.optimizer
+    if opt is None or not opt.state:
+        return
+    refused = refused + unremappable({opt.kind_of(i) for i in opt.state}, state_keys(opt.state))
+    if refused:
+        how = "--policy remap" if asked else "the default policy (remap)"
+        raise RepairError(f"{plan.ckpt.path}: {opt.kind}: {how} cannot remap {describe(refused)}"
+                          + ". --policy fresh (drop optimizer state, keep the schedule; the LR re-warms) or "
+                          "--policy reset (drop optimizer and scheduler state) repairs it")
+
+
 def _no_state_for(plan: RepairPlan, report: Any, v: Any) -> None:
     """A vocab tensor no optimizer entry was matched to: a buffer or a frozen parameter when every entry
     with state belongs to another parameter (BART's `final_logits_bias`); otherwise its moments are among
@@ -324,7 +475,7 @@ def _renew_untrained_rows(plan: RepairPlan, rows_plan: RowPlan, vocab: list, row
     """Token ids kept by id on rows that never trained (CKF110: reserved rows at the end of an untied
     embedding, exp_avg_sq exactly 0) get new rows: `--init` applies to them, their moments restart.
     Only when rows are kept by id: with --from-tokenizer a token absent from the old one is new anyway."""
-    starts = [s for s in (never_trained_from(v) for v in vocab if v.rows == rows) if s is not None]
+    starts = [s for s in (never_trained_from(v) for v in vocab if v.token_rows == rows) if s is not None]
     if not starts:
         return
     start = min(starts)
@@ -353,8 +504,6 @@ def _plan_optimizer(plan: RepairPlan) -> None:
         plan.drop_optimizer_state = True
     if plan.policy == "reset":
         plan.reset_scheduler = plan.ckpt.scheduler is not None
-    if plan.policy == "remap" and opt.kind == "adafactor" and plan.weights:
-        raise RepairError("Adafactor keeps factored row/column statistics; use --policy fresh or reset")
 
 
 def _plan_scaler(plan: RepairPlan) -> None:

@@ -7,6 +7,7 @@ edited tensors get a fresh storage whose bytes are produced while its record is 
 from __future__ import annotations
 
 import collections
+import functools
 import math
 from typing import Any, Callable
 
@@ -14,6 +15,7 @@ from ckptfix.dtypes import contiguous_stride
 from ckptfix.formats.common import iter_tensor_refs
 from ckptfix.formats.pickle_safe import StorageRef, TensorRef
 from ckptfix.formats.torch_save import Spliced, StorageSource
+from ckptfix.optim_state import state_path
 from ckptfix.surgery.plan import DEFAULT_SCALE, RepairPlan, TensorEdit
 
 
@@ -77,8 +79,9 @@ def edit_model(state: Any, plan: RepairPlan, table: StorageTable, prefix: str = 
     return out
 
 
-def edit_optimizer(sd: dict, plan: RepairPlan, table: StorageTable) -> dict:
-    """A copy of an optimizer state_dict: moments remapped, or state dropped (param_groups kept)."""
+def edit_optimizer(sd: dict, plan: RepairPlan, table: StorageTable, part: int | None = None) -> dict:
+    """A copy of an optimizer state_dict: moments remapped, or state dropped (param_groups kept).
+    `part`: which of several optimizers in the checkpoint this is (plan entries are `(part, index)`)."""
     groups = [dict(g) for g in sd["param_groups"]]
     if plan.reset_scheduler:
         for g in groups:  # the schedule starts again from its base LR
@@ -87,14 +90,36 @@ def edit_optimizer(sd: dict, plan: RepairPlan, table: StorageTable) -> dict:
     if plan.drop_optimizer_state:
         return {**sd, "state": {}, "param_groups": groups}
     state = {}
+    edits: dict[Any, list[tuple[str, TensorEdit]]] = {}
+    for (index, key), edit in plan.moments.items():
+        if part is None or (isinstance(index, tuple) and index[0] == part):
+            edits.setdefault(index[1] if part is not None else index, []).append((key, edit))
     for index, entries in sd["state"].items():
-        entries = dict(entries)
-        for key, value in entries.items():
-            edit = plan.moments.get((index, key))
-            if edit is not None and isinstance(value, TensorRef):
-                entries[key] = table.new_tensor(value, edit)
+        for path, edit in edits.get(index, []):
+            entries = _replaced(entries, state_path(path), functools.partial(_new_tensor, table, edit))
         state[index] = entries
     return {**sd, "state": state, "param_groups": groups}
+
+
+def _new_tensor(table: StorageTable, edit: TensorEdit, old: TensorRef) -> TensorRef:
+    return table.new_tensor(old, edit)
+
+
+def _replaced(node: Any, path: list[Any], make: Callable[[TensorRef], TensorRef]) -> Any:
+    """A copy of `node` with the tensor at `path` replaced by `make(old)` (containers on the path copied,
+    the source never mutated); `node` itself when the path does not lead to a tensor."""
+    if not path:
+        return make(node) if isinstance(node, TensorRef) else node
+    head, rest = path[0], path[1:]
+    if isinstance(node, dict) and head in node:
+        out = type(node)(node) if isinstance(node, collections.OrderedDict) else dict(node)
+        out[head] = _replaced(node[head], rest, make)
+        return out
+    if isinstance(node, (list, tuple)) and isinstance(head, int) and 0 <= head < len(node):
+        items = list(node)
+        items[head] = _replaced(node[head], rest, make)
+        return type(node)(items) if isinstance(node, tuple) and not hasattr(node, "_fields") else items
+    return node
 
 
 def edit_scaler(scaler: dict, plan: RepairPlan) -> dict:

@@ -2,7 +2,7 @@
 
 A folder becomes a new folder with the same files: weight files holding an edited tensor are
 rewritten (streamed), the others copied; `optimizer.pt`/`scaler.pt` rewritten when the policy
-changes them; `config.json` gets the new `vocab_size`; tokenizer files come from the new tokenizer;
+changes them; `config.json` gets the new `vocab_size` (a composite config's in its text sub-config); tokenizer files come from the new tokenizer;
 `training_args.bin`, `rng_state*.pth` and `trainer_state.json` are copied as bytes, never unpickled.
 """
 
@@ -30,6 +30,9 @@ from ckptfix.untrusted import load_json_file
 TRAINING_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "config.json")  # `_rewrite_training_file`'s
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "spiece.model", "vocab.json", "merges.txt", "vocab.txt", "added_tokens.json")
+# The input's own, kept when the new tokenizer has none: the special tokens a processor (and the tokenizer) name.
+# The processor's files (preprocessor_config.json, processor_config.json, chat_template.*) are copied as they are.
+CARRIED_IF_ABSENT = ("special_tokens_map.json",)
 
 
 def write_safetensors_file(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
@@ -93,6 +96,9 @@ def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *
             plan.notes.append("unchanged files copied: " + ", ".join(f"{m} x{n}" for m, n in copied.items()))
         _update_index_sizes(plan, tmp)
         _copy_tokenizer(plan.tokenizer, tmp)
+        for name in CARRIED_IF_ABSENT:  # a processor folder's, which a new tokenizer.json alone does not bring
+            if os.path.lexists(os.path.join(source, name)) and not os.path.lexists(os.path.join(tmp, name)):
+                copy_input_entry(os.path.join(source, name), os.path.join(tmp, name), source)
         with create_file(os.path.join(tmp, "ckptfix.json"), replace=True) as f:
             f.write(record_json(record_fn()))
     return backup
@@ -146,12 +152,23 @@ def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng:
         return True
     if name == "config.json":
         config = load_json_file(src)
-        if isinstance(config, dict) and "vocab_size" in config:
-            config["vocab_size"] = plan.target_rows
+        if isinstance(config, dict):
+            config = _new_config(plan, config)
         with create_file(dst, replace=True) as f:
             f.write((json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
         return True
     return False
+
+
+def _new_config(plan: RepairPlan, config: dict) -> dict:
+    """config.json with the plan's recorded sizes (a composite config's text sub-config, where the model class
+    reads it); a flat config's `vocab_size` is the rows, whatever it said before."""
+    from ckptfix.recorded import apply, text_config_key
+
+    config = apply(config, {path[1:]: value for path, value in plan.recorded.items() if path[0] == "config"})
+    if text_config_key(config) is None and "vocab_size" in config:
+        config["vocab_size"] = plan.target_rows
+    return config
 
 
 def rewrite_torch_file(src: str, f: Any, plan: RepairPlan, rng: np.random.Generator, edit: Callable,

@@ -67,7 +67,10 @@ def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
 
     if "model" in ckpt.sections:
         put(ckpt.sections["model"], edit_model(_get(tree, ckpt.sections["model"])[2], plan, table))
-    if "optimizer" in ckpt.sections:
+    if ckpt.optimizer is not None and ckpt.optimizer.parts:  # several optimizers: each under its own key
+        for k, part in enumerate(ckpt.optimizer.parts):
+            put(part.section, edit_optimizer(_get(tree, part.section)[2], plan, table, part=k))
+    elif "optimizer" in ckpt.sections:
         put(ckpt.sections["optimizer"], edit_optimizer(_get(tree, ckpt.sections["optimizer"])[2], plan, table))
     if "scaler" in ckpt.sections:
         put(ckpt.sections["scaler"], edit_scaler(_get(tree, ckpt.sections["scaler"])[2], plan))

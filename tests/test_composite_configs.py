@@ -1,0 +1,58 @@
+"""Which recorded vocab size is the LM's, read from the config's structure (ckptfix.recorded), not a name search."""
+
+from __future__ import annotations
+
+from ckptfix.recorded import apply, find_recorded, recorded_rows, separate_vocabularies, updates
+
+
+def roles(extras: dict) -> dict[str, str]:
+    return {r.where: r.role for r in find_recorded(extras)}
+
+
+def test_the_text_sub_config_is_the_lm_and_the_top_level_size_unused():
+    """PaliGemma in transformers 5: a top-level vocab_size (257152) the model never reads beside text_config."""
+    extras = {"config": {"model_type": "paligemma", "vocab_size": 257152,
+                         "text_config": {"model_type": "gemma", "vocab_size": 293}, "vision_config": {"hidden_size": 8}}}
+    assert roles(extras) == {"config.vocab_size": "unused", "config.text_config.vocab_size": "rows"}
+    assert recorded_rows(extras) == {293}
+    changes = updates(find_recorded(extras), {293}, 296, 296)
+    assert changes == {("config", "text_config", "vocab_size"): 296}
+    assert apply(extras, changes)["config"]["text_config"]["vocab_size"] == 296
+    assert extras["config"]["text_config"]["vocab_size"] == 293  # the input's tree is not written through
+
+
+def test_other_sub_configs_are_separate_vocabularies():
+    """BLIP-2 / InstructBLIP: the Q-Former's vocab (its own BERT tokenizer) is never the LM's."""
+    extras = {"config": {"text_config": {"vocab_size": 293}, "qformer_config": {"vocab_size": 30523},
+                         "vision_config": {"hidden_size": 8}}}
+    assert roles(extras) == {"config.text_config.vocab_size": "rows", "config.qformer_config.vocab_size": "separate"}
+    assert [r.value for r in separate_vocabularies(extras)] == [30523]
+    assert updates(find_recorded(extras), {293}, 296, 296) == {("config", "text_config", "vocab_size"): 296}
+
+
+def test_decoder_sub_config_and_flat_configs():
+    """An encoder-decoder's `decoder` is the text model (get_text_config(decoder=True)); flat configs, nanoGPT's
+    model_args and litgpt's pair keep their roles."""
+    extras = {"config": {"encoder": {"vocab_size": 500}, "decoder": {"vocab_size": 293}}}
+    assert roles(extras) == {"config.encoder.vocab_size": "separate", "config.decoder.vocab_size": "rows"}
+    shared = {"config": {"encoder": {"vocab_size": 293}, "decoder": {"vocab_size": 293}}}  # bert2bert: one tokenizer
+    assert set(updates(find_recorded(shared), {293}, 296, 296)) == {("config", "encoder", "vocab_size"),
+                                                                     ("config", "decoder", "vocab_size")}
+    assert roles({"config": {"vocab_size": 293}, "model_args": {"vocab_size": 293}}) == {
+        "config.vocab_size": "rows", "model_args.vocab_size": "rows"}
+    assert roles({"config": {"vocab_size": 290, "padded_vocab_size": 320}}) == {
+        "config.vocab_size": "tokens", "config.padded_vocab_size": "rows"}
+
+
+def test_two_text_sub_configs_are_ambiguous_and_every_size_is_the_lms():
+    """transformers raises for two candidates; ckptfix takes every size as the LM's (CKF115 names a stale one)."""
+    extras = {"config": {"text_config": {"vocab_size": 293}, "decoder": {"vocab_size": 293}}}
+    assert set(roles(extras).values()) == {"rows"}
+
+
+def test_a_flat_config_with_a_sub_model_keeps_its_own_size_as_the_lms():
+    """Evolla: the LM's size at the top level (get_text_config() is the config itself), a protein encoder's
+    sub-config with its own vocabulary."""
+    extras = {"config": {"model_type": "evolla", "vocab_size": 293,
+                         "protein_encoder_config": {"vocab_size": 446}, "rope_scaling": {"factor": 2}}}
+    assert roles(extras) == {"config.vocab_size": "rows", "config.protein_encoder_config.vocab_size": "separate"}
