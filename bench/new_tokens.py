@@ -41,6 +41,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # tokenizer_factory
@@ -239,6 +240,42 @@ def table(results: dict[str, list[dict]]) -> str:
     return "\n".join(lines)
 
 
+def llama3_tiktoken_pieces(train: list[str], tmp: Path) -> None:
+    """--init pieces with Llama 3's `original/tokenizer.model` (tiktoken ranks) as the old tokenizer, which had no
+    segmenter before ckptfix encoded through the libraries (every new row fell back to the mean). New tokens:
+    the NEW_WORDS most frequent identifiers of the training text that Llama 3 spells in 2+ pieces, added as
+    " word" to Llama 3.1's tokenizer.json. Needs the tokenizer corpus (python fixtures/tokenizer_corpus.py)."""
+    from tokenizers import AddedToken, Tokenizer
+
+    from ckptfix.surgery.pieces import piece_rows
+    from ckptfix.tokenizers import load_tokenizer
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fixtures"))
+    import tokenizer_corpus as tc
+
+    old_path = tc.cached(next(e for e in tc.ENTRIES if e.name == "llama3"))
+    folder = tc.cached(next(e for e in tc.ENTRIES if e.name == "llama3_1-folder"))
+    if old_path is None or folder is None:
+        print("# Llama 3 files not cached: run python fixtures/tokenizer_corpus.py")
+        return
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    counts = Counter(w for t in train for w in re.findall(r"(?<![\w.])[A-Za-z_]\w{3,}(?!\w)", t))
+    words = [w for w, _ in counts.most_common(5000) if len(tok.encode(" " + w, add_special_tokens=False).ids) >= 2][:NEW_WORDS]
+    spelled_by_library = {w: tok.encode(" " + w, add_special_tokens=False).ids for w in words}
+    tok.add_tokens([AddedToken(" " + w, single_word=True, normalized=False) for w in words])
+    tok.save(str(tmp / "llama3-new.json"))
+    old, new = load_tokenizer(old_path), load_tokenizer(tmp / "llama3-new.json")
+    source = np.where(np.arange(new.size) < old.size, np.arange(new.size), -1)
+    t0 = time.time()
+    rows = piece_rows(source, new, old, old.size)
+    ids = new.token_to_id()
+    same = sum(list(rows.get(ids[" " + w], ())) == spelled_by_library[w] for w in words)
+    print(f"# Llama 3 tiktoken (original/tokenizer.model) as the old tokenizer: {len(rows)} of {len(words)} new "
+          f"tokens get pieces ({time.time() - t0:.1f}s; before: 0, no segmenter for tiktoken files); "
+          f"{same} of {len(words)} equal Llama 3.1 tokenizer.json's own encoding. First: "
+          + ", ".join(f"{w}={len(spelled_by_library[w])}" for w in words[:8]), flush=True)
+
+
 def main() -> None:
     global BASE_STEPS, STEPS
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -247,6 +284,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--heads", choices=["tied", "untied", "both"], default="both")
     ap.add_argument("--reuse-base", type=Path, help="a folder with base-True.pth / base-False.pth of an earlier run")
+    ap.add_argument("--llama3-only", action="store_true", help="only the Llama 3 tiktoken pieces count")
     args = ap.parse_args()
     BASE_STEPS, STEPS = args.base_steps, args.steps
     torch.set_num_threads(1)
@@ -254,6 +292,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         train_text, held_text = corpus()
+        llama3_tiktoken_pieces(train_text, tmp)
+        if args.llama3_only:
+            return
         old_tok, new_tok, words = train_tokenizers(train_text, tmp)
         from ckptfix.tokenizers import load_tokenizer
 

@@ -11,10 +11,14 @@ import math
 import mmap
 import os
 import re
+import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ckptfix.lazy_numpy import np
 
 from ckptfix.dtypes import DTYPE_SIZES, FLOAT_DTYPES, NUMPY_DTYPES, QUANTIZED_DTYPES, contiguous_stride
 from ckptfix.errors import UnreadableCheckpoint
@@ -28,6 +32,9 @@ class ByteRange:
     file: str
     start: int
     length: int
+    # a zip whose `byteorder` record says "big" (written on a big-endian machine): values are read
+    # byte-swapped, as torch.load reads them; writers that copy bytes raw refuse such a range
+    big_endian: bool = False
 
 
 @dataclass
@@ -96,8 +103,10 @@ class TensorInfo:
             raise UnreadableCheckpoint(f"{self.name}: a quantized tensor ({self.dtype}); ckptfix reads its integers "
                                        "only, not its scales: load it with torch.load")
         stride = self.stride if self.stride is not None else self.contiguous_stride()
-        return stored_to_torch(_mapped_storage(self, writable=True), self.dtype).as_strided(
-            self.shape, stride, self.offset)
+        storage = _mapped_storage(self, writable=True)
+        if not storage.dtype.isnative:  # a big-endian archive: torch takes native bytes only (a copy)
+            storage = storage.astype(storage.dtype.newbyteorder("="))
+        return stored_to_torch(storage, self.dtype).as_strided(self.shape, stride, self.offset)
 
 
 _MAPS: dict[tuple, mmap.mmap] = {}
@@ -183,6 +192,8 @@ def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
         raise UnreadableCheckpoint(f"{tensor.name}: cannot read dtype {tensor.dtype}")
     itemsize = np.dtype(np_dtype).itemsize
     count = where.length // itemsize
+    if where.big_endian:
+        np_dtype = np.dtype(np_dtype).newbyteorder(">")
     if count == 0:
         return np.zeros(0, dtype=np_dtype)
     try:
@@ -195,6 +206,11 @@ def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
 
 
 def _read_numpy(tensor: TensorInfo) -> np.ndarray:
+    if tensor.numel == 0:  # no bytes to map; numpy refuses some empty shapes torch allows ((0, 2**62): "too big")
+        try:
+            return np.empty(tensor.shape, dtype=tensor.read_dtype())
+        except ValueError:
+            return np.empty(0, dtype=tensor.read_dtype())  # the same zero values; the shape stays in TensorInfo
     storage = _mapped_storage(tensor)
     stride = tensor.stride if tensor.stride is not None else tensor.contiguous_stride()
     last = tensor.offset + sum((d - 1) * s for d, s in zip(tensor.shape, stride)) if tensor.numel else 0
@@ -219,6 +235,17 @@ def collapse_repeats(array: np.ndarray, keep: tuple[int, ...] | None = None) -> 
         else:
             index.append(slice(None))
     return (array[tuple(index)], weight) if weight > 1 else (array, 1)
+
+
+def distinct_stored(array: np.ndarray) -> tuple[np.ndarray, int]:
+    """The storage elements a view addresses, each once, and how many view elements each stands for (exact for
+    stride-0 dimensions; for an overlapping view, the span it covers with weight 1). A 4M x 64 view of one
+    64-value row costs 64 values: a walk of its elements would be a tree walk of a DAG."""
+    values, weight = collapse_repeats(array)
+    if overlaps_itself(values):
+        span = sum((d - 1) * s for d, s in zip(values.shape, values.strides)) // values.itemsize + 1
+        values, weight = np.lib.stride_tricks.as_strided(values, (span,), (values.itemsize,), writeable=False), 1
+    return values, weight
 
 
 def overlaps_itself(array: np.ndarray) -> bool:
@@ -249,16 +276,64 @@ def read_scalar(tensor: TensorInfo) -> float | None:
     """A 0-d/1-element tensor's value (optimizer `step` is one); None if unreadable."""
     if tensor.numel != 1:
         return None
-    try:  # the one element directly: no strided view (this runs for every optimizer `step`)
-        storage = _mapped_storage(tensor)
-        if not 0 <= tensor.offset < storage.size:
+    code = _SCALAR_CODES.get(tensor.dtype)
+    try:  # the one element directly, with struct: this runs for every optimizer `step`, and importing
+        # numpy for it would cost inspect more than the rest of its work
+        if code is None:
+            return _read_scalar_numpy(tensor)
+        where = tensor.locate()
+        size = DTYPE_SIZES[tensor.dtype]
+        if not 0 <= tensor.offset < where.length // size:
             return None  # the view lies outside its storage record
-        value = storage[tensor.offset]
+        start = where.start + tensor.offset * size
+        mapped = file_map(where.file, False)
+        if start + size > len(mapped):
+            return None  # data runs past the end of the file (truncated)
+        (value,) = struct.unpack_from(code, mapped, start)
         if tensor.dtype == "bfloat16":
-            value = (np.uint32(value) << np.uint32(16)).view(np.float32)
+            (value,) = struct.unpack("<f", struct.pack("<I", value << 16))
         return float(value)
-    except (UnreadableCheckpoint, ValueError, TypeError, IndexError):
+    except (UnreadableCheckpoint, OSError, ValueError, TypeError, IndexError, struct.error):
         return None
+
+
+# torch writes storages little-endian; bfloat16 is read as its bits and widened
+_SCALAR_CODES = {"float64": "<d", "float32": "<f", "float16": "<e", "bfloat16": "<H", "int64": "<q", "int32": "<i",
+                 "int16": "<h", "int8": "<b", "uint8": "<B", "bool": "<?", "uint16": "<H", "uint32": "<I",
+                 "uint64": "<Q"}
+
+
+def read_last_row(tensor: TensorInfo) -> tuple[float, ...] | None:
+    """The last row of a plain, contiguous 2-D tensor as numbers (bfloat16 as its bits), read with struct;
+    None when it cannot be read this way (another layout, dtype or kind of tensor). Lets a check that
+    usually needs one row decide without importing numpy (`checks/reserved.py`)."""
+    code = _SCALAR_CODES.get(tensor.dtype)
+    if type(tensor) is not TensorInfo or code is None or len(tensor.shape) != 2 or 0 in tensor.shape:
+        return None
+    if tensor.stride is not None and tensor.stride != tensor.contiguous_stride():
+        return None
+    try:
+        where = tensor.locate()
+        size = DTYPE_SIZES[tensor.dtype]
+        rows, width = tensor.shape
+        first = tensor.offset + (rows - 1) * width
+        if tensor.offset < 0 or (first + width) * size > where.length:
+            return None
+        mapped = file_map(where.file, False)
+        start = where.start + first * size
+        if start + width * size > len(mapped):
+            return None
+        return struct.unpack_from(f"<{width}{code[1]}", mapped, start)
+    except (UnreadableCheckpoint, OSError, ValueError, struct.error):
+        return None
+
+
+def _read_scalar_numpy(tensor: TensorInfo) -> float | None:
+    """The other dtypes (a complex or float8 `step` is not a number ckptfix can use): as numpy reads them."""
+    storage = _mapped_storage(tensor)
+    if not 0 <= tensor.offset < storage.size:
+        return None
+    return float(storage[tensor.offset])
 
 
 @dataclass
@@ -337,6 +412,9 @@ class Checkpoint:
     pickles: dict[str, Any] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # component -> file, for folder formats
     handle: Any = None  # the format's open source (e.g. the zip member table), for verify and writers
+    # why torch.load(weights_only=True) refuses the pickle beyond the objects in `raw` (globals a rebuild
+    # consumed, opcodes of another pickle protocol): CKF704 names them with the objects
+    weights_only_refusals: list[str] = field(default_factory=list)
     # False when `model` is not in the model's registration order (safetensors stores tensors sorted by
     # name), so optimizer indices cannot be matched to parameters by position.
     ordered: bool = True

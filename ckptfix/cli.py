@@ -1,4 +1,8 @@
-"""The `ckptfix` command line: parse arguments, call the library, render. Nothing else lives here."""
+"""The `ckptfix` command line: parse arguments, call the library, render. Nothing else lives here.
+
+Start-up is kept small on purpose (`bench/startup.py` measures it): `--version` imports neither numpy nor
+torch, and every command imports the library it calls inside its own body.
+"""
 
 from __future__ import annotations
 
@@ -10,27 +14,74 @@ from typing import Any
 
 import click
 
-from ckptfix.errors import CkptfixError
+from ckptfix import __version__
+from ckptfix.errors import CkptfixError, for_cli
 from ckptfix.policies import REPAIR_POLICIES
 from ckptfix.progress import terminal_progress
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+EXIT_INTERRUPTED = 128 + signal.SIGINT  # 130, the shell's convention for Ctrl-C
 
 
 _QUIET = click.option("--quiet", "-q", is_flag=True,
                       help="No progress bar (one is drawn on a terminal for work over a second; never when piped).")
+# commands without a progress bar accept -q too, so that every command takes the same flags
+_QUIET_ONLY = click.option("--quiet", "-q", is_flag=True, help="Accepted for uniformity: this command draws no progress bar.")
+
+
+def _color() -> bool | None:
+    """click.echo's `color`: None lets click strip styles when stdout is not a terminal; NO_COLOR (any
+    non-empty value, https://no-color.org) turns them off everywhere."""
+    return False if os.environ.get("NO_COLOR") else None
+
+
+def _paint(text: str) -> str:
+    """Colour the severities and the verdict words of rendered text (click.echo removes them off a terminal)."""
+    import re
+
+    colours = {"error": "red", "warning": "yellow", "info": "blue"}
+
+    def severity(m: re.Match[str]) -> str:
+        return m.group(1) + click.style(m.group(2), fg=colours[m.group(2)], bold=True) + m.group(3)
+
+    text = re.sub(r"(?m)^(  )(error|warning|info)(\s+CKF\d{3})", severity, text)
+    return re.sub(r"(?m)^(wrote|converted|restored)\b", lambda m: click.style(m.group(1), fg="green"), text)
+
+
+def _echo(text: str) -> None:
+    click.echo(_paint(text), color=_color())
+
+
+def _check_selectors(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """As ruff: a selector that matches no finding code is a usage error (exit 2), not an empty selection."""
+    from ckptfix.checks import registry
+
+    codes = list(registry())
+    for value in values:
+        if not any(code.startswith(value.strip().upper()) for code in codes):
+            raise click.BadParameter(f"Unknown rule selector: `{value}` (codes look like CKF102; a prefix such as "
+                                     "CKF1 selects a family; `ckptfix explain --all` lists them)", ctx, param)
+    return values
 
 
 def _emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
+VERSION_LINE = f"ckptfix, version {__version__}"
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="ckptfix")
+@click.version_option(__version__, "--version", "-V", message=VERSION_LINE)
 def cli() -> None:
     """Inspect, repair and guard PyTorch training checkpoints that will not resume cleanly.
 
-    Exit codes: 0 clean, 1 error-level findings, 2 bad usage or unreadable input.
+    Exit codes: 0 clean, 1 error-level findings, 2 bad usage or unreadable input, 130 interrupted.
+    Colour on a terminal only; NO_COLOR=1 turns it off.
+
+    \b
+    Shell completion (bash; zsh_source or fish_source for those shells):
+      eval "$(_CKPTFIX_COMPLETE=bash_source ckptfix)"
     """
 
 
@@ -44,9 +95,11 @@ def cli() -> None:
 @click.option("--verify", is_flag=True, help="Also check every zip record against its CRC-32.")
 @click.option("--trust-pickle", is_flag=True,
               help="Read pickles that need globals outside the allowlist, as inert records (still never executed).")
-@click.option("--select", multiple=True, metavar="CODE",
-              help="Report only these codes (a prefix selects a family: CKF1, CKF30). Repeatable, as in ruff.")
-@click.option("--ignore", multiple=True, metavar="CODE", help="Leave these codes (or prefixes) out. Repeatable.")
+@click.option("--select", multiple=True, metavar="CODE", callback=_check_selectors,
+              help="Report only these codes (a prefix selects a family: CKF1, CKF30). Repeatable, as in ruff; "
+              "an unknown code is a usage error (exit 2).")
+@click.option("--ignore", multiple=True, metavar="CODE", callback=_check_selectors,
+              help="Leave these codes (or prefixes) out. Repeatable.")
 @_QUIET
 def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, as_json: bool, scan: bool, verify: bool,
             trust_pickle: bool, select: tuple[str, ...], ignore: tuple[str, ...], quiet: bool) -> None:
@@ -69,7 +122,7 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
     else:
         from ckptfix.render import render_report
 
-        click.echo(render_report(report))
+        _echo(render_report(report))
     sys.exit(report.exit_code)
 
 
@@ -97,7 +150,9 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema ckptfix.repair/1).")
 @click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
 @click.option("--in-place", is_flag=True,
-              help="DCP folders: write only what changes into CHECKPOINT itself (undo: ckptfix restore CHECKPOINT).")
+              help="Write only what changes into CHECKPOINT itself (undo: ckptfix restore CHECKPOINT). Formats: DCP "
+              "folders, Hugging Face model folders (save_pretrained) and Trainer checkpoint-N/ folders with "
+              "safetensors weights; others: repair into a new path with -o.")
 @_QUIET
 def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, keep_ids: bool,
            policy: str | None, init: str | None,
@@ -109,7 +164,7 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
     Examples:
       ckptfix repair ckpt.pth --tokenizer tok.model -o ckpt.fixed.pth
       ckptfix repair ckpt.pth -t new/tokenizer.json --from-tokenizer old/tokenizer.json -o fixed.pth
-      ckptfix repair output/checkpoint-500 -t new_tok/ -o output/checkpoint-500-fixed --policy fresh
+      ckptfix repair output/checkpoint-500 -t new_tok/ -o repaired/checkpoint-500 --policy fresh
       ckptfix repair ckpt.pth -t tok.model --pad-to 64 --dry-run
       ckptfix repair step-1000/ -t tok.model --in-place      (DCP; undo: ckptfix restore step-1000/)
     """
@@ -126,7 +181,7 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
     else:
         from ckptfix.render import render_repair
 
-        click.echo(render_repair(result))
+        _echo(render_repair(result))
 
 
 @cli.command()
@@ -135,7 +190,8 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
 @click.option("--dry-run", is_flag=True, help="List what would be converted; write nothing.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists (if OUT is the input, a .bak is kept).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema ckptfix.convert/1).")
-def convert(checkpoint: str, out: str | None, dry_run: bool, force: bool, as_json: bool) -> None:
+@_QUIET_ONLY
+def convert(checkpoint: str, out: str | None, dry_run: bool, force: bool, as_json: bool, quiet: bool) -> None:
     """Write a copy of a torch.save file that torch.load(weights_only=True) loads.
 
     Pickled data objects (argparse.Namespace, numpy scalars and arrays, pathlib paths, datetime, deque,
@@ -158,7 +214,7 @@ def convert(checkpoint: str, out: str | None, dry_run: bool, force: bool, as_jso
     else:
         from ckptfix.render import render_convert
 
-        click.echo(render_convert(result))
+        _echo(render_convert(result))
 
 
 @cli.command()
@@ -172,7 +228,9 @@ def convert(checkpoint: str, out: str | None, dry_run: bool, force: bool, as_jso
 def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, quiet: bool) -> None:
     """Compare checkpoint A (earlier) with B (later): which tensors changed, and are weights moving?
 
-    Exit code 0 when trainable weights changed, 1 when none did, 2 for unreadable input.
+    Exit code 0 when trainable weights changed, or when both are saved at the same step (no training lies
+    between them: a copy or a repaired copy; the verdict says so); 1 when training between two different (or
+    unknown) steps changed no trainable weight; 2 for unreadable input.
 
     \b
     Examples:
@@ -188,13 +246,14 @@ def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, quiet: 
     else:
         from ckptfix.render import render_diff
 
-        click.echo(render_diff(report))
+        _echo(render_diff(report))
     sys.exit(report.exit_code)
 
 
 @cli.command()
 @click.argument("folder", type=click.Path())
-def restore(folder: str) -> None:
+@_QUIET_ONLY
+def restore(folder: str, quiet: bool) -> None:
     """Undo `ckptfix repair --in-place` on FOLDER: the previous metadata/index back, the added files removed.
 
     \b
@@ -204,25 +263,43 @@ def restore(folder: str) -> None:
     from ckptfix.surgery.undo import restore as run_restore
 
     for line in run_restore(folder):
-        click.echo(line)
+        _echo(line)
+
+
+EXPLAIN_SCHEMA = "ckptfix.explain/1"
 
 
 @cli.command()
-@click.argument("code")
-def explain(code: str) -> None:
-    """Print what a finding code (CKF1xx-7xx) or guard code (CKF8xx) means.
+@click.argument("codes", nargs=-1, metavar="[CODE]...")
+@click.option("--all", "show_all", is_flag=True, help="Every code, checkpoint findings then the guard's.")
+@click.option("--json", "as_json", is_flag=True, help=f"Print the codes as JSON (schema {EXPLAIN_SCHEMA}).")
+@_QUIET_ONLY
+def explain(codes: tuple[str, ...], show_all: bool, as_json: bool, quiet: bool) -> None:
+    """Print what finding codes (CKF1xx-7xx) or guard codes (CKF8xx) mean.
 
     \b
     Examples:
       ckptfix explain CKF120
-      ckptfix explain ckf822
+      ckptfix explain ckf822 CKF102
+      ckptfix explain --all --json
     """
     from ckptfix.checks import registry
 
-    spec = {**registry(), **registry(guard=True)}.get(code.strip().upper())
-    if spec is None:
-        raise click.UsageError(f"unknown code {code!r} (codes look like CKF101; see the README's tables)")
-    click.echo(f"{spec.code} ({spec.severity}): {spec.title}\n{spec.doc}")
+    known = {**registry(), **registry(guard=True)}
+    if show_all == bool(codes):
+        raise click.UsageError("name one or more codes, or pass --all")
+    wanted = list(known) if show_all else [c.strip().upper() for c in codes]
+    for code in wanted:
+        if code not in known:
+            raise click.UsageError(f"unknown code {code!r} (codes look like CKF101; `ckptfix explain --all` lists them)")
+    specs = [known[c] for c in wanted]
+    if as_json:
+        guard = registry(guard=True)
+        _emit_json({"schema": EXPLAIN_SCHEMA, "codes": [
+            {"code": s.code, "severity": s.severity, "title": s.title, "doc": " ".join(s.doc.split()),
+             "source": "guard" if s.code in guard else "checkpoint"} for s in specs]})
+        return
+    _echo("\n\n".join(f"{s.code} ({s.severity}): {s.title}\n{s.doc}" for s in specs))
 
 
 class _Terminated(BaseException):
@@ -248,10 +325,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:  # usage errors
         _fail(args, "usage", exc.format_message())
-    except click.exceptions.Abort:
+    except KeyboardInterrupt:
+        _interrupted(args)
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__context__, KeyboardInterrupt):  # click turns Ctrl-C into Abort
+            _interrupted(args)
         _fail(args, "aborted", "aborted", prefix="ckptfix: aborted")
     except CkptfixError as exc:
-        _fail(args, "bad_input", _one_line(str(exc)))
+        _fail(args, "bad_input", _one_line(for_cli(str(exc))))
     except BrokenPipeError:
         sys.exit(EXIT_CLEAN)
     except Exception as exc:  # a bug in ckptfix: still one line, but a distinct code so tests can tell
@@ -276,6 +357,11 @@ def _fail(args: list[str], kind: str, message: str, *, code: int = EXIT_BAD_INPU
     if _wants_json(args):
         click.echo(json.dumps({"schema": ERROR_SCHEMA, "error": {"kind": kind, "message": message, "exit_code": code}}))
     sys.exit(code)
+
+
+def _interrupted(args: list[str]) -> None:
+    """Ctrl-C: exit 130 as shells expect (a write in progress has removed its temp file on the way out)."""
+    _fail(args, "aborted", "interrupted", code=EXIT_INTERRUPTED, prefix="ckptfix: interrupted")
 
 
 def _wants_json(args: list[str]) -> bool:

@@ -22,9 +22,30 @@ class UnsafePickle(CkptfixError):
         would = f"; loading it would call {', '.join(self.calls)}" if self.calls else ""
         super().__init__(
             f"{path}: refusing to unpickle: it needs globals outside the safe allowlist ({names}){would}; "
-            "loading it could execute code. " + ("Pass --trust-pickle only if you trust its author." if hint else
+            "loading it could execute code. " + ("Pass trust_pickle=True only if you trust its author." if hint else
                                                  "--trust-pickle does not apply: this file is only ever read as data.")
         )
+
+
+# Library errors name an option as the keyword argument a Python caller passes (`force=True`); the CLI
+# prints the same message with its flag (`--force`). One table, so the two spellings cannot drift.
+KEYWORD_FLAGS = {
+    "force=True": "--force",
+    "trust_pickle=True": "--trust-pickle",
+    "from_tokenizer=OLD": "--from-tokenizer OLD",
+    "keep_ids=True": "--keep-ids",
+}
+
+
+def for_cli(message: str) -> str:
+    """`message` as the command line says it: each keyword argument replaced by its flag where the message
+    tells what to pass ("pass force=True", "or keep_ids=True", "(force=True does not ..."), not inside a
+    value quoted from the input."""
+    import re
+
+    for keyword, flag in KEYWORD_FLAGS.items():
+        message = re.sub(r"(?:(?<=[Pp]ass )|(?<=or )|(?<=\())" + re.escape(keyword) + r"(?= )", flag, message)
+    return message
 
 
 class TokenizerError(CkptfixError):

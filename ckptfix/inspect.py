@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 from ckptfix.checkpoint import Checkpoint, TensorInfo
 from ckptfix.checks import Context, Finding, run_checks
 from ckptfix.formats import read_checkpoint
-from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef, TorchDevice, TorchDtype
+from ckptfix.formats.pickle_safe import OpaqueObject, RebuiltTensor, TensorRef, TorchDevice, TorchDtype, TorchLayout
 from ckptfix.mapping import ParamMapping, map_optimizer
 from ckptfix.vocab import VocabTensor, find_vocab_tensors, tied_head_missing, vocab_rows
 
@@ -202,7 +202,10 @@ def _plain(value: Any, depth: int, budget: list[int]) -> Any:
     budget[0] -= 1
     if isinstance(value, (TensorInfo, TensorRef)):
         return {"tensor": list(value.shape), "dtype": value.dtype}
-    if isinstance(value, (TorchDtype, TorchDevice)):
+    if isinstance(value, RebuiltTensor):  # sparse, nested, meta
+        return {"tensor": list(value.shape) if value.shape is not None else None, "dtype": value.dtype,
+                "kind": value.kind}
+    if isinstance(value, (TorchDtype, TorchDevice, TorchLayout)):
         return repr(value)
     if isinstance(value, OpaqueObject):
         return {"object": value.cls}

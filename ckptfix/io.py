@@ -513,7 +513,7 @@ def output_target(source: str, out: str | os.PathLike | None, *, force: bool) ->
     out = os.fspath(out)
     in_place = same_file(source, out) or os.path.abspath(source) == os.path.abspath(out)
     if os.path.lexists(out) and not force:
-        raise RepairError(f"{out}: already exists; pass --force to replace it"
+        raise RepairError(f"{out}: already exists; pass force=True to replace it"
                           + (" (the original is kept as a .bak)" if in_place else ""))
     return out, in_place
 
@@ -552,10 +552,10 @@ def check_output_path(source: str, out: str, *, force: bool, sidecar: bool = Fal
             raise RepairError(f"{shown}: inside the input folder {escape(source)}; write the repair elsewhere")
         if _is_within(src_real, out_real):
             raise RepairError(f"{shown}: a folder that contains the input {escape(source)}; replacing it would "
-                              "delete the input (--force does not allow that)")
+                              "delete the input (force=True does not allow that)")
     if sidecar and os.path.lexists(out + SIDECAR_SUFFIX) and not force:
         raise RepairError(f"{escape(out + SIDECAR_SUFFIX)}: already exists (the record of a previous repair?); "
-                          "pass --force to replace it with OUT")
+                          "pass force=True to replace it with OUT")
 
 
 def _is_within(path: str, folder: str) -> bool:

@@ -1,6 +1,6 @@
 """The few protobuf wire-format reads that sentencepiece's ModelProto needs (no protobuf dependency).
 
-Used by the tokenizer reader (sniffing), token identity (piece types) and the `--init pieces` segmenter.
+Used by the tokenizer reader (sniffing) and token identity (piece types).
 Truncated or overlong input raises IndexError / ValueError / struct.error for the caller to turn into
 its own error.
 """

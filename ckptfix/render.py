@@ -155,6 +155,11 @@ def render_repair(result) -> str:
     if data["backup"]:
         lines.append(_line("backup", data["backup"]))
     lines.append(f"{verb} {data['output']}" if data["output"] else verb)
+    if data["output"] and not data["dry_run"]:
+        from ckptfix.resume_hints import resume_lines
+
+        for line in resume_lines(data["format"], data["output"], data["target_rows"], tok["size"], data["rewarm"]):
+            lines.append(_line("resume", line))
     return _join(lines)
 
 

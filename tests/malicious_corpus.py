@@ -499,7 +499,7 @@ def generate(outdir: str | os.PathLike, sentinel: str | os.PathLike | None = Non
     p = out / "zip_cd_size_bigger.pth"
     p.write_bytes(good.read_bytes())
     patch_cd_size(p, big, +8)
-    add(Case("zip_central_dir_size_bigger", p, "clean", verify_codes=("CKF703",)))
+    add(Case("zip_central_dir_size_bigger", p, "findings", codes=("CKF730",), verify_codes=("CKF703",)))
     p = out / "zip_cd_size_smaller.pth"
     p.write_bytes(good.read_bytes())
     patch_cd_size(p, big, -8)

@@ -427,7 +427,8 @@ def test_zip64_member_claiming_4_eib_under_verify(base, tmp_path):
 
 def test_from_tokenizer_with_wrong_typed_merges_is_exit_2(base, tmp_path):
     """Found by the fuzzer: --from-tokenizer whose BPE merges hold a list where a pair of strings belongs
-    (the pieces initialiser reads merges; the vocabulary reader does not)."""
+    (the pieces initialiser hands the file to `tokenizers`, which refuses it; the vocabulary reader does not
+    read merges): one line naming the file and the library's words, exit 2."""
     import json
 
     from tokenizer_factory import train_tokenizer_json
@@ -439,8 +440,8 @@ def test_from_tokenizer_with_wrong_typed_merges_is_exit_2(base, tmp_path):
                                          "--from-tokenizer", str(tmp_path / "tokenizer.json"), "--dry-run"]}],
                      cwd=tmp_path)[0]
     assert (r["code"], r["stderr"].strip()) == (2, (
-        f"{ERR}{tmp_path / 'tokenizer.json'}: model.merges: expected a list of 'a b' strings or [a, b] pairs, "
-        "got a list"))
+        f"{ERR}{tmp_path / 'tokenizer.json'}: its tokenizer library cannot load it for --init pieces: data did not "
+        "match any variant of untagged enum MergeType at line 1 column 1595"))
 
 
 def test_non_finite_optimizer_options_render_as_text(base):

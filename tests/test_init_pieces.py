@@ -13,7 +13,7 @@ from ckpt_factory import new_run, save_checkpoint, train
 from tokenizer_factory import corpus_lines, train_byte_level, train_sentencepiece, train_tokenizer_json
 
 import ckptfix
-from ckptfix.surgery.pieces import load_segmenter
+from ckptfix.surgery.pieces import load_segmenter, spell
 from ckptfix.surgery.rows import HEAD_SHRINK
 from ckptfix.tokenizers import load_tokenizer
 
@@ -43,8 +43,8 @@ def test_sentencepiece_encoding_matches_the_library(tmp_path, model_type, option
     path = train_sentencepiece(tmp_path, 800 if model_type == "bpe" else 600, model_type, **options)
     real = sentencepiece.SentencePieceProcessor(model_file=str(path))
     ours = load_segmenter(load_tokenizer(path))
-    for word in WORDS:  # " word": the ▁ word-start marker, as sentencepiece's dummy prefix adds it
-        assert ours.encode(" " + word) == real.encode(word), word
+    for word in WORDS:  # " word" after a word: the ▁ word-start marker, as sentencepiece's dummy prefix adds it
+        assert spell(ours, " " + word) == real.encode(word), word
 
 
 @pytest.mark.parametrize("model", ["bpe", "unigram", "wordpiece"])
@@ -147,3 +147,25 @@ def test_default_init_follows_whether_the_old_tokenizer_is_known(tmp_path):
     assert ckptfix.repair(path, new, dry_run=True).plan.init == "mean"
     assert ckptfix.repair(path, new, dry_run=True, from_tokenizer=old).plan.init == "pieces"
     assert ckptfix.repair(path, new, dry_run=True, from_tokenizer=old, init="zeros").plan.init == "zeros"
+
+
+def test_an_old_tokenizer_with_no_segmenter_is_named_in_the_plan(tmp_path):
+    """A tiktoken rank file of no known family (its pre-tokenizer pattern unknown) spells nothing: every new
+    row gets the fallback and the plan says why, never a silent mean."""
+    import base64
+    import json
+
+    from ckptfix.tokenizer_formats import BYTE_ALPHABET
+
+    old, new, _ = _byte_level(tmp_path, [" zzqx", " héllo"])
+    back = {c: b for b, c in enumerate(BYTE_ALPHABET)}
+    vocab = json.loads(old.read_text())["model"]["vocab"]
+    ranks = tmp_path / "old.tiktoken"
+    ranks.write_text("".join(f"{base64.b64encode(bytes(back[c] for c in t)).decode()} {i}\n"
+                             for t, i in sorted(vocab.items(), key=lambda kv: kv[1])))
+    info = load_tokenizer(ranks)
+    assert info.kind == "tiktoken:tiktoken" and load_segmenter(info) is None
+    path, _ = _checkpoint(tmp_path, info.size)
+    plan = ckptfix.repair(path, new, dry_run=True, from_tokenizer=ranks).plan
+    assert plan.init == "pieces"
+    assert any("no new row has pieces (a tiktoken file of no known family" in n for n in plan.notes), plan.notes

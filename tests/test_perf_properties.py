@@ -120,7 +120,17 @@ def test_inspect_maps_only_one_element_tensors(ckpt, monkeypatch):
     def refuse(self, *args, **kwargs):
         raise AssertionError(f"inspect made a torch tensor of {self.name}")
 
+    real_scalar = checkpoint.read_scalar
+
+    def spy_scalar(tensor):  # steps are read with struct from the shared map, without numpy
+        mapped.append(f"{tensor.name} numel={tensor.numel}")
+        return real_scalar(tensor)
+
     monkeypatch.setattr(checkpoint, "_mapped_storage", spy)
+    monkeypatch.setattr(checkpoint, "read_scalar", spy_scalar)
+    import ckptfix.formats.common as common
+
+    monkeypatch.setattr(common, "read_scalar", spy_scalar)
     monkeypatch.setattr(TensorInfo, "read", read_steps_only)
     monkeypatch.setattr(TensorInfo, "to_torch", refuse)
     report = report_json(ckpt)

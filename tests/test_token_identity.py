@@ -169,7 +169,7 @@ def test_without_the_old_tokenizer(setup, tmp_path):
         retrained = [f for f in report.findings if f.code == "CKF122"]
         assert len(retrained) == 1 and retrained[0].severity == "error"
         assert "user-defined" in retrained[0].message and "--from-tokenizer" in retrained[0].fix
-        with pytest.raises(RepairError, match="--from-tokenizer"):
+        with pytest.raises(RepairError, match="from_tokenizer=OLD"):
             ckptfix.repair(s["ckpt"], s["new"].path, tmp_path / "out.pth")
     else:  # nothing in a reordered BPE shows it: inspect says rows will be kept by id and when that is right
         assert any("keeps rows by id" in n and "--from-tokenizer" in n for n in report.notes)
@@ -200,8 +200,20 @@ def test_guard_remap_with_from_tokenizer(setup):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
     guard = ckptfix.ResumeGuard(model, opt, tokenizer=s["new"].path, from_tokenizer=s["old"].path,
                                 policy="remap", probe_steps=0)
-    guard.load(s["ckpt"])
+    report = guard.load(s["ckpt"])
     assert misplaced(model, s["model"], s["old"], s["new"]) == 0
+    # The report says what was done (issue 33): rows matched by token string, with the counts of the move.
+    old_ids = {t: i for i, t in enumerate(s["old"].tokens)}
+    kept = sum(old_ids.get(t) == i for i, t in enumerate(s["new"].tokens))
+    moved = sum(t in old_ids and old_ids[t] != i for i, t in enumerate(s["new"].tokens))
+    new = s["new"].size - kept - moved
+    dropped = s["old"].size - kept - moved
+    resized = [a for a in report.actions if a.startswith("resized ") and "moments" not in a]
+    assert resized and moved > 0
+    for action in resized:
+        assert action.endswith(f"(rows matched by token string: {kept} kept at their id, {moved} moved to a new id; "
+                               f"{dropped} dropped, {new} new initialised by 'pieces')"), action
+        assert "kept by id" not in action
     MEASURED[f"{s['kind']} guard remap"] = resumed = eval_loss(model, s["new"])
     assert resumed <= s["before"] * 1.05
     # The resumed run keeps learning from there (moments followed their rows).

@@ -9,7 +9,6 @@ checks they agree), so the docs cannot drift from the code.
 
 from __future__ import annotations
 
-import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator
@@ -60,9 +59,10 @@ class Context:
             return f"ckptfix repair cannot fix this: {blocked}."
         if not {"--policy fresh", "--policy reset"} & set(extra) and refusals(self.ckpt.optimizer, self.vocab):
             extra = (*[e for e in extra if not e.startswith("--policy")], "--policy fresh")  # CKF210 says why
-        src = self.ckpt.path.rstrip("/") or self.ckpt.path
-        root, ext = os.path.splitext(src)
-        out = f"{src}-fixed" if os.path.isdir(src) else f"{root}.fixed{ext}"
+        from ckptfix.resume_hints import repair_target, suggested_output
+
+        src, _ = repair_target(self.ckpt.path.rstrip("/") or self.ckpt.path)  # never half a checkpoint folder
+        out = suggested_output(src)
         words = ["ckptfix", "repair", src, "--tokenizer",
                  self.tokenizer.path if self.tokenizer is not None else "NEW_TOKENIZER"]
         if self.old_tokenizer is not None and self.old_tokenizer.origin == "given":

@@ -36,6 +36,27 @@ def short_records(ctx: Context) -> Iterator[Finding]:
                       "record (the next zip header) as values.", fix="Restore the file from a good copy.")
 
 
+@check("CKF730", "error", "tensor record longer than its storage",
+       "A zip record holds more bytes than its storage's numel x itemsize declares: torch.load refuses it "
+       "(\"record size ... does not match expected size\"), though not with mmap=True.")
+def long_records(ctx: Context) -> Iterator[Finding]:
+    archive = _archive(ctx)
+    if archive is None:
+        return
+    long, seen = [], set()
+    for ref in iter_tensor_refs(ctx.ckpt.raw):
+        key = ref.storage.key
+        info = archive.members.get(f"{archive.prefix}/data/{key}")
+        if key not in seen and info is not None and info.file_size > ref.storage.nbytes:
+            long.append(f"data/{key} ({info.file_size} bytes for {ref.storage.nbytes})")
+        seen.add(key)
+    if long:
+        yield finding("CKF730", f"{len(long)} record(s) are longer than their storage: {', '.join(long[:5])}",
+                      pytorch="torch.load refuses the file (record size does not match); with mmap=True it loads "
+                      "the storage's first bytes and ignores the rest, so the file is not what was saved.",
+                      fix="Restore the file from a good copy.")
+
+
 @check("CKF702", "warning", "duplicate zip member names",
        "The archive holds two members with one name; torch.load silently uses one of them (which one "
        "depends on where the copies lie, not on their order).")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ckptfix.lazy_numpy import np
 
-from ckptfix.checkpoint import TensorInfo, collapse_repeats, overlaps_itself, widen_stored
+from ckptfix.checkpoint import TensorInfo, distinct_stored, widen_stored
 from ckptfix.checks import Context, Finding, check, finding
 
 CHUNK = 1 << 22  # elements per read: bounded memory whatever the tensor size
@@ -16,10 +19,7 @@ def non_finite_count(tensor: TensorInfo) -> int:
     """How many elements are NaN or +-Inf, reading the tensor in bounded chunks."""
     if not tensor.is_float or tensor.dtype.startswith("float8") or tensor.numel == 0:
         return 0
-    values, weight = collapse_repeats(tensor.read_stored())  # an expanded view: its distinct values once
-    if overlaps_itself(values):  # an overlapping view: the storage span it covers, each element once
-        span = sum((d - 1) * s for d, s in zip(values.shape, values.strides)) // values.itemsize + 1
-        values, weight = np.lib.stride_tricks.as_strided(values, (span,), (values.itemsize,), writeable=False), 1
+    values, weight = distinct_stored(tensor.read_stored())  # an expanded or overlapping view: its values once
     values = widen_stored(values, tensor.dtype)
     return weight * sum(int(chunk.size - np.count_nonzero(np.isfinite(chunk))) for chunk in _blocks(values, CHUNK))
 

@@ -90,10 +90,34 @@ def weak_mapping(ctx: Context) -> Iterator[Finding]:
     if opt is None or not ctx.ckpt.model or ctx.mapping.method in ("torch", "recorded", "fqn", "position", "hf-groups"):
         return
     mapped, total = len(ctx.mapping.names), len(opt.indices())
+    if ctx.mapping.method == "shape" and not ctx.ckpt.ordered and _shapes_agree(ctx):
+        # an HF Trainer folder: optimizer.pt is in the model class's parameter order, model.safetensors sorted
+        # by name; the Trainer loads the state by position into the same class, which ckptfix cannot build
+        yield finding(
+            "CKF204", f"the optimizer's {total} entries follow the model class's parameter order, which the "
+                      f"weights file does not record (safetensors stores names sorted): ckptfix names {mapped} of "
+                      "them (unique shapes); taken together their shapes are exactly the model's parameters' "
+                      "shapes",
+            pytorch="optimizer.load_state_dict matches entries by position into a model built from the same "
+            "class and config (what Trainer.train(resume_from_checkpoint=...) does): right when the model code "
+            "is unchanged; a changed parameter order would give moments to other same-shaped parameters silently.")
+        return
     yield finding(
         "CKF204", f"{mapped} of {total} optimizer entries matched to parameters (method: {ctx.mapping.method})",
         pytorch="torch.optim saves state by position, not name; a model whose parameter order changed gets "
         "another parameter's moments without any error.")
+
+
+def _shapes_agree(ctx: Context) -> bool:
+    """Whether the optimizer's moment shapes are, as a multiset, the model's parameter shapes."""
+    from ckptfix.mapping import moment_shape
+
+    opt, params = ctx.ckpt.optimizer, ctx.ckpt.parameters()
+    assert opt is not None
+    shapes = [moment_shape(opt.state.get(i)) for i in opt.indices()]
+    if len(shapes) != len(params) or None in shapes:
+        return False
+    return Counter(shapes) == Counter(ctx.ckpt.model[n].shape for n in params)
 
 
 @check("CKF210", "warning", "optimizer state that cannot follow a vocab resize",

@@ -82,20 +82,40 @@ def rows_padded(ctx: Context) -> Iterator[Finding]:
 
 
 @check("CKF105", "info", "vocab rows reserved above the tokenizer",
-       "Rows a round multiple of 64+ a little (<= 1/16) above the tokenizer, or recorded by the checkpoint as "
-       "its vocab size (Qwen2/3's 151936, DeepSeek-V3's 129280): the model's own size, not an error.")
+       "Rows a round multiple of 64+ a little (<= 1/16) above the tokenizer (Qwen2/3's 151936, DeepSeek-V3's "
+       "129280): the model's own size, not an error.")
 def rows_reserved(ctx: Context) -> Iterator[Finding]:
-    reserved = _fits(ctx, ("reserved",))
+    reserved = [(v, f) for v, f in _fits(ctx, ("reserved",)) if not f.by_config]
     if not reserved:
         return
     _, fit = reserved[0]
-    why = "the checkpoint records them as its vocab size" if fit.by_config else f"a multiple of {fit.multiple}"
     yield finding(
         "CKF105", f"{fit.rows} rows for {fit.tokens} tokens: {fit.unused} row(s) reserved above the tokenizer "
-        f"({why}); no token id reaches them",
+        f"(a multiple of {fit.multiple}); no token id reaches them",
         pytorch=f"Loads into the model built with vocab_size={fit.rows}; ids stay below {fit.tokens}, so the "
         "reserved rows are never indexed (they may be trained in later by added tokens without a resize).",
         fix="Nothing to do.", tensors=[v.name for v, _ in reserved])
+
+
+@check("CKF106", "warning", "vocab rows reserved at an odd count",
+       "Rows a little above the tokenizer, recorded as the config's vocab_size but not a round multiple (1003 for "
+       "1000 tokens, GPT-J's 50400): right for a model built from its config, a size mismatch for a script that "
+       "calls resize_token_embeddings(len(tokenizer)) before resuming.")
+def rows_reserved_odd(ctx: Context) -> Iterator[Finding]:
+    odd = [(v, f) for v, f in _fits(ctx, ("reserved",)) if f.by_config]
+    if not odd:
+        return
+    vocab, fit = odd[0]
+    yield finding(
+        "CKF106", f"{fit.rows} rows for {fit.tokens} tokens: the checkpoint records vocab_size {fit.rows}, "
+        f"{fit.unused} row(s) above the tokenizer and not a round multiple (a reserve is usually a multiple of 64+)",
+        pytorch=f"A model built from the checkpoint's config (from_pretrained, or vocab_size={fit.rows}) loads it "
+        f"and ids stay below {fit.tokens}: fine. A script that calls model.resize_token_embeddings(len(tokenizer)) "
+        f"before trainer.train(resume_from_checkpoint=...) builds {fit.tokens} rows, and loading raises "
+        f"'size mismatch for {vocab.name}' ({fit.rows} rows in the checkpoint).",
+        fix="Build the model from the checkpoint's config and do not resize it to len(tokenizer); or, for one row "
+        f"per token, {ctx.repair_command('--pad-to', '1')} and resume from that.",
+        tensors=[v.name for v, _ in odd])
 
 
 @check("CKF104", "error", "embedding and head row counts differ",

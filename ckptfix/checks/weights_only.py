@@ -40,15 +40,25 @@ def convert_command(path: str) -> str:
        "when every class is on ckptfix's data list.")
 def weights_only_refuses(ctx: Context) -> Iterator[Finding]:
     refusing = [u for u in _uses(ctx) if u.torch_refuses]
-    if not refusing:
-        return
     names = sorted({g for u in refusing for g in u.torch_refuses})
+    # globals no object in the tree shows (a tensor subclass given to `_rebuild_from_type_v2`), and opcodes
+    others = [r for r in ctx.ckpt.weights_only_refusals if r.removeprefix("global ") not in names]
+    opcodes = [r for r in others if not r.startswith("global ")]  # opcodes, a legacy untyped storage
+    names += [r.removeprefix("global ") for r in others if r.startswith("global ")]
+    if not names and not opcodes:
+        return
     listed = "; ".join(f"{u.path} ({u.cls}{_fields(u.fields)})" for u in refusing[:MAX_LISTED])
     more = f"; and {len(refusing) - MAX_LISTED} more" if len(refusing) > MAX_LISTED else ""
     code = [c for u in refusing for c in u.runs_code]
-    yield finding("CKF704", f"torch.load(weights_only=True) refuses this file because of: {', '.join(names)}; "
-                  f"at {listed}{more}", pytorch=_what_torch_does(refusing, names, code),
-                  fix=_weights_only_fix(ctx.ckpt.path, refusing, names, code))
+    yield finding("CKF704", f"torch.load(weights_only=True) refuses this file because of: "
+                  f"{', '.join(names + opcodes)}" + (f"; at {listed}{more}" if listed else ""),
+                  pytorch=_what_torch_does(refusing, names, code) if names else _OTHER_PROTOCOL,
+                  fix=_weights_only_fix(ctx.ckpt.path, refusing, names, code, opcodes))
+
+
+_OTHER_PROTOCOL = ("torch.load() raises 'Weights only load failed ... Unsupported operand' (its unpickler reads the "
+                   "opcodes of torch.save's pickle protocol 2 only; or its legacy reader fails on this content); "
+                   "ckptfix read the file without importing or calling anything.")
 
 
 def _what_torch_does(refusing: list, names: list[str], code: list[str]) -> str:
@@ -66,7 +76,7 @@ def _what_torch_does(refusing: list, names: list[str], code: list[str]) -> str:
             "but loading them runs those classes' own __new__/__setstate__, which ckptfix does not import to check.")
 
 
-def _weights_only_fix(path: str, refusing: list, names: list[str], code: list[str]) -> str:
+def _weights_only_fix(path: str, refusing: list, names: list[str], code: list[str], opcodes: list[str]) -> str:
     from ckptfix.formats.data_globals import add_safe_globals_line, safe_to_allowlist
 
     if code:
@@ -77,11 +87,14 @@ def _weights_only_fix(path: str, refusing: list, names: list[str], code: list[st
         steps.append(f"{convert_command(path)} (plain values, listed in the output's record)")
     unknown = [n for n in names if not safe_to_allowlist(n)]
     if not unknown:
-        steps.append(f"if you trust the file: {add_safe_globals_line(names)}")
+        if names:
+            steps.append(f"if you trust the file: {add_safe_globals_line(names)}")
     elif not steps:
         steps.append(f"re-save these values as plain data (dict, list, numbers, tensors) in the training script; "
                      f"allowlist {', '.join(unknown)} with torch.serialization.add_safe_globals only if you wrote "
                      "those classes (ckptfix names no class it cannot check)")
+    if opcodes and not names:  # another pickle protocol: torch.save's default (2) is what its loader reads
+        steps.append("re-save it with torch.save's default pickle_protocol=2")
     return "; or, ".join(steps)
 
 

@@ -15,7 +15,7 @@ from ckptfix.checkpoint import (
     read_scalar,
 )
 from ckptfix.errors import UnreadableCheckpoint
-from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+from ckptfix.formats.pickle_safe import RebuiltTensor, StorageRef, TensorRef
 from ckptfix.optim_state import kind_name
 from ckptfix.record import RECORD_KEY, Record
 from ckptfix.untrusted import escape, fail
@@ -50,6 +50,8 @@ def iter_tensor_refs(tree: Any) -> Iterator[TensorRef]:
             yield node
             if node.quantizer:
                 yield from (p for p in node.quantizer if isinstance(p, TensorRef))
+        elif isinstance(node, RebuiltTensor):  # a sparse or nested tensor's components
+            yield from node.parts
 
 
 def is_state_dict(value: Any) -> bool:

@@ -31,11 +31,14 @@ from typing import Any
 from ckptfix.errors import RepairError
 from ckptfix.formats.pickle_safe import (
     DTYPE_SIZES,
+    INT64_MAX,
     OpaqueObject,
+    RebuiltTensor,
     StorageRef,
     TensorRef,
     TorchDevice,
     TorchDtype,
+    TorchLayout,
     _printable,
     contiguous_stride,
     global_name,
@@ -288,7 +291,10 @@ def _numpy_dtype(rec: Any) -> Any:
     code = rec.args[0]
     if not _NUMPY_CODE.fullmatch(code):
         raise NotData(f"numpy dtype {_printable(code, 20)!r} is not a plain number type")
-    dtype = np.dtype(code)
+    try:
+        dtype = np.dtype(code)
+    except TypeError:  # 'f3', 'c1', 'i0', 'u3': the pattern's shape, not a size numpy has
+        raise NotData(f"numpy dtype {code!r} is not one numpy knows (numpy refuses it too)") from None
     state = rec.state
     if isinstance(state, tuple) and len(state) > 1 and state[1] in ("<", ">", "|", "="):
         dtype = dtype.newbyteorder(state[1]) if state[1] in ("<", ">") else dtype
@@ -330,6 +336,8 @@ def numpy_array(rec: OpaqueObject) -> Any:
         raise NotData("numpy array of Python objects (its elements are pickled, not raw bytes)")
     if len(data) != math.prod(shape) * dtype.itemsize:
         raise NotData("numpy array whose bytes do not match its shape")
+    if math.prod(max(d, 1) for d in shape) * dtype.itemsize > INT64_MAX:  # empty, but its strides overflow int64
+        raise NotData(f"numpy array of shape {list(shape)[:8]}: its strides exceed 2**63 bytes (numpy refuses it too)")
     return np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C")
 
 
@@ -353,7 +361,10 @@ def _timedelta(rec: Any) -> datetime.timedelta:
     if not (isinstance(rec, OpaqueObject) and rec.cls == "datetime.timedelta"
             and all(isinstance(a, int) and abs(a) < 1 << 40 for a in rec.args) and len(rec.args) <= 3):
         raise NotData("timedelta of something other than integers")
-    return datetime.timedelta(*rec.args)
+    try:
+        return datetime.timedelta(*rec.args)
+    except OverflowError:  # more than 999,999,999 days
+        raise NotData("timedelta out of range (Python's limit is 999,999,999 days)") from None
 
 
 def _datetime(rec: OpaqueObject) -> str:
@@ -412,6 +423,11 @@ class Conversion:
         return {"path": self.path, "class": self.cls, "to": self.to, **({"detail": self.detail} if self.detail else {})}
 
 
+# Levels of containers and records `Converter` follows; each costs up to 5 Python frames, so this stays well
+# below Python's recursion limit (1000) wherever the converter is called from. Real state dicts nest a few.
+MAX_CONVERT_DEPTH = 100
+
+
 @dataclass
 class Converter:
     """Turns a tree read by `pickle_safe` into one `torch.load(weights_only=True)` loads. New tensors (from
@@ -426,14 +442,14 @@ class Converter:
 
     def value(self, node: Any, path: str) -> Any:
         if node is None or isinstance(node, (bool, int, float, complex, str, bytes, bytearray, TensorRef,
-                                             TorchDtype, TorchDevice)):
+                                             RebuiltTensor, TorchDtype, TorchDevice, TorchLayout)):
             return node
         if id(node) in self.memo:
             return self.memo[id(node)]
         self.depth += 1
         try:
-            if self.depth > 500:
-                raise RepairError(f"{path}: nested too deeply to convert")
+            if self.depth > MAX_CONVERT_DEPTH:
+                raise RepairError(f"{path}: nested more than {MAX_CONVERT_DEPTH} deep; too deep to convert")
             return self._value(node, path)
         finally:
             self.depth -= 1
@@ -497,6 +513,10 @@ class Converter:
             return value
         if cls.endswith("._reconstruct") and cls.rsplit(".", 1)[0] in _NUMPY:
             return self.array(numpy_array(rec), path, cls)
+        if cls == "numpy.dtype":  # a dtype value (np.dtype("float32") in a config): its name; np.dtype(name) rebuilds it
+            dtype = _numpy_dtype(rec)
+            self.note(path, cls, "str", "the dtype's name")
+            return dtype.name if dtype.isnative else dtype.str
         if cls.rsplit(".", 1)[-1] in _PATHS and cls.rsplit(".", 1)[0] in ("pathlib", "pathlib._local"):
             self.note(path, cls, "str")
             return _path(rec)
@@ -532,8 +552,6 @@ class Converter:
             return rec.args[0]
         if rec.called:
             raise NotData("a call of a function ckptfix does not know (not data)")
-        if cls in ("numpy.dtype",):
-            raise NotData("a bare numpy dtype")
         state = _object_state(rec)
         self.note(path, cls, "dict", f"{len(state)} attribute(s)")
         out: dict = {}
@@ -617,7 +635,7 @@ def uses(tree: Any) -> list[Use]:
     return found
 
 
-_LEAVES = (str, int, float, bool, bytes, type(None), TensorRef, TorchDtype, TorchDevice)
+_LEAVES = (str, int, float, bool, bytes, type(None), TensorRef, RebuiltTensor, TorchDtype, TorchDevice)
 
 
 def _spell(crumb: Any) -> str:

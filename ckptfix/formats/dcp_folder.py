@@ -42,9 +42,12 @@ import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ckptfix.lazy_numpy import np
 
 from ckptfix.checkpoint import (
     ByteRange,
@@ -349,7 +352,16 @@ def _blob(folder: str, info: dict, origin: str, fqn: str) -> tuple[str, int, int
         raise fail(origin, f"storage of {fqn!r}: relative_path", "a file name inside the checkpoint folder", rel)
     offset = want_int(info.get("offset", 0), origin, f"storage of {fqn!r}: offset")
     length = want_int(info.get("length", 0), origin, f"storage of {fqn!r}: length")
-    return os.path.join(folder, rel), offset, length, info.get("transform_descriptors")
+    return os.path.join(folder, rel), offset, length, _transforms(info.get("transform_descriptors"), origin, fqn)
+
+
+def _transforms(value: Any, origin: str, fqn: str) -> list[str] | None:
+    """DCP's `transform_descriptors`: a few short strings (e.g. a compression's name). Checked here, because
+    they are printed: str() of a memo-shared list walks it as a tree (2**40 steps for a 40-level DAG)."""
+    if value is None:
+        return None
+    items = want_list(value, origin, f"storage of {fqn!r}: transform_descriptors", max_len=64)
+    return [want_str(t, origin, f"storage of {fqn!r}: transform_descriptors item", max_len=256) for t in items]
 
 
 def _opaques(node: Any) -> list[OpaqueObject]:

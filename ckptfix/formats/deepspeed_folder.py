@@ -33,9 +33,12 @@ import math
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ckptfix.lazy_numpy import np
 
 from ckptfix.checkpoint import (
     Checkpoint,

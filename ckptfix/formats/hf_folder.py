@@ -105,7 +105,17 @@ def _shards(index_path: str) -> list[str]:
     missing = [s for s in shards if not os.path.exists(os.path.join(folder, str(s)))]
     if missing:
         raise UnreadableCheckpoint(f"{index_path}: shard files missing: {', '.join(map(str, missing[:3]))}")
-    return [os.path.join(folder, str(s)) for s in shards]
+    return _distinct_files([os.path.join(folder, str(s)) for s in shards])
+
+
+def _distinct_files(paths: list[str]) -> list[str]:
+    """Each file once, under the first name that reaches it: an index may spell one shard 400 ways
+    (`./a`, `.//a`, a hard link), and reading it once per spelling multiplied the work by 400."""
+    seen: dict[tuple[int, int], str] = {}
+    for path in paths:
+        st = os.stat(path)
+        seen.setdefault((st.st_dev, st.st_ino), path)
+    return list(seen.values())
 
 
 def _read_weights(file: str, trust_pickle: bool, pickles: dict[str, Any]) -> dict[str, TensorInfo]:

@@ -99,6 +99,9 @@ class StorageRef(_Record):
     dtype: str
     location: str
     numel: int
+    # a legacy (pre-zip) stream's storage view: the view starts this many elements into storage `key`;
+    # tensors on it are read with their offset moved by as much (torch.load slices the storage alike)
+    view_start: int = 0
 
     @property
     def nbytes(self) -> int:
@@ -119,6 +122,9 @@ class TensorRef(_Record):
     # a quantized tensor's parameters as `_rebuild_qtensor` received them, kept verbatim to be written
     # back: (per_tensor_affine, scale, zero_point) or (per_channel_affine, scales, zero_points, axis)
     quantizer: tuple | None = None
+    # `_rebuild_tensor_v2/v3`'s metadata: torch's lazy conjugate / negative bits ({"conj": True}); the stored
+    # values are before them. Kept for the writer; readers see the stored values.
+    metadata: dict | None = None
 
     @property
     def numel(self) -> int:
@@ -146,6 +152,41 @@ def _check_fits(tensor: TensorRef) -> TensorRef:
             f"tensor of shape {list(tensor.shape)[:8]} (offset {tensor.offset}, strides {list(tensor.stride)[:8]}) "
             f"reaches past its storage of {tensor.storage.nbytes:,} bytes; torch.load refuses it too")
     return tensor
+
+
+@dataclass(frozen=True)
+class TorchLayout(_Record):
+    """A tensor layout (`torch.sparse_coo`, ...), by name, as `torch.serialization._get_layout` returns it."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass
+class RebuiltTensor(_Record):
+    """A tensor torch assembles from other tensors or from metadata alone: sparse (COO, CSR, CSC, BSR, BSC),
+    nested, or a meta tensor (shape and dtype, no storage). `rebuild` names the `torch._utils` function and
+    `args` are its arguments as read (the component `TensorRef`s inside), so a writer can emit the same call.
+    ckptfix reads its shape and dtype; its values are not a row-indexed matrix, so no reader edits one."""
+
+    kind: str  # the layout (sparse_coo, sparse_csr, ...), "nested" or "meta"
+    shape: tuple[int, ...] | None  # None for a nested tensor (its components have their own shapes)
+    dtype: str
+    rebuild: str
+    args: tuple
+    requires_grad: bool = False
+    is_parameter: bool = False
+
+    @property
+    def parts(self) -> list[TensorRef]:
+        """The component tensors (indices, values, nested sizes...), each with its own storage record."""
+        flat = [a for a in self.args if isinstance(a, TensorRef)]
+        for a in self.args:
+            if isinstance(a, tuple):
+                flat.extend(x for x in a if isinstance(x, TensorRef))
+        return flat
 
 
 @dataclass
@@ -222,7 +263,11 @@ def _dtype_name(value: Any) -> str:
 def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
     if not isinstance(storage, StorageRef):
         raise pickle.UnpicklingError("tensor without a storage record")
+    if not isinstance(size, (tuple, list)) or not isinstance(stride, (tuple, list)):
+        raise pickle.UnpicklingError("tensor whose size or stride is not a sequence")
     offset, size, stride = _int64(offset), tuple(map(_int64, size)), tuple(map(_int64, stride))
+    if storage.view_start:  # a legacy storage view: the same bytes, addressed from the root storage
+        offset, storage = offset + storage.view_start, dataclasses.replace(storage, view_start=0)
     # What torch itself cannot hold: readers index storages with these, so they must be sane.
     if len(size) != len(stride) or len(size) > MAX_DIMS:
         raise pickle.UnpicklingError(f"tensor with {len(size)} sizes but {len(stride)} strides")
@@ -233,7 +278,13 @@ def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=No
         numel *= d
     if numel > INT64_MAX:
         raise pickle.UnpicklingError("tensor with more than 2**63 elements")
-    return _check_fits(TensorRef(storage, offset, size, stride, storage.dtype, bool(requires_grad)))
+    tensor = TensorRef(storage, offset, size, stride, storage.dtype, bool(requires_grad))
+    if metadata:
+        if not (isinstance(metadata, dict) and all(k in ("conj", "neg") and isinstance(v, bool)
+                                                   for k, v in metadata.items())):
+            raise pickle.UnpicklingError("tensor metadata other than torch's conj/neg bits")
+        tensor.metadata = dict(metadata)
+    return _check_fits(tensor)
 
 
 def _int64(value: Any) -> int:
@@ -243,7 +294,7 @@ def _int64(value: Any) -> int:
 
 
 def _rebuild_tensor_v3(storage, offset, size, stride, requires_grad, hooks, dtype, metadata=None):
-    tensor = _rebuild_tensor(storage, offset, size, stride, requires_grad)
+    tensor = _rebuild_tensor(storage, offset, size, stride, requires_grad, None, metadata)
     tensor.dtype = _dtype_name(dtype)
     if tensor.dtype not in DTYPE_SIZES:
         raise pickle.UnpicklingError(f"unknown tensor dtype {tensor.dtype}")
@@ -281,14 +332,144 @@ def _rebuild_qtensor(storage, offset, size, stride, quantizer_params, requires_g
 
 def _rebuild_parameter(data, requires_grad=True, hooks=None, state=None):
     # Only ever a tensor: passing any other object through would hide it from `_prescan`.
-    if not isinstance(data, TensorRef):
+    if not isinstance(data, (TensorRef, RebuiltTensor)):
         raise pickle.UnpicklingError(f"parameter that is not a tensor (a {type(data).__name__})")
     data.is_parameter, data.requires_grad = True, bool(requires_grad)
     return data
 
 
 def _rebuild_from_type(func, new_type, args, state):
-    return func(*args)
+    """`_rebuild_from_type_v2`: a tensor rebuilt by `func`, then given the class `new_type` (torch.Tensor,
+    Parameter, or a subclass: a global torch refuses unless allowlisted, which the refusal list names)."""
+    tensor = func(*args)
+    if isinstance(new_type, _TensorClassType) and new_type.qualname == "torch.nn.parameter.Parameter":
+        tensor = _rebuild_parameter(tensor, getattr(tensor, "requires_grad", True))
+    return tensor
+
+
+_LAYOUTS = ("torch.strided", "torch.sparse_coo", "torch.sparse_csr", "torch.sparse_csc", "torch.sparse_bsr",
+            "torch.sparse_bsc", "torch._mkldnn", "torch.jagged")
+_COMPRESSED = ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+
+
+def _get_layout(name):
+    if name not in _LAYOUTS:
+        raise pickle.UnpicklingError("torch.serialization._get_layout of something other than a torch layout")
+    return TorchLayout(name)
+
+
+def _shape(size: Any) -> tuple[int, ...]:
+    if not isinstance(size, (tuple, list)) or len(size) > MAX_DIMS:
+        raise pickle.UnpicklingError("tensor size that is not a sequence of integers")
+    dims = tuple(map(_int64, size))
+    if min(dims, default=0) < 0:
+        raise pickle.UnpicklingError("tensor with a negative size")
+    return dims
+
+
+def _rebuild_sparse_tensor(layout, data):
+    """Sparse COO `(indices, values, size[, is_coalesced])` or compressed `(compressed_indices,
+    plain_indices, values, size)`, as `Tensor._reduce_ex_internal` writes them (torch._utils)."""
+    kind = layout.name.split(".", 1)[1] if isinstance(layout, TorchLayout) else None
+    if not isinstance(data, tuple):
+        raise pickle.UnpicklingError("sparse tensor without its (indices, values, size) tuple")
+    if kind == "sparse_coo" and len(data) in (3, 4):
+        tensors, size = data[:2], data[2]
+    elif kind in _COMPRESSED and len(data) == 4:
+        tensors, size = data[:3], data[3]
+    else:
+        raise pickle.UnpicklingError("sparse tensor of a layout torch does not rebuild")
+    if not all(isinstance(t, TensorRef) for t in tensors):
+        raise pickle.UnpicklingError("sparse tensor whose indices or values are not tensors")
+    return RebuiltTensor(kind, _shape(size), tensors[-1].dtype, "_rebuild_sparse_tensor", (layout, data))
+
+
+def _rebuild_nested_tensor(buffer, sizes, strides, storage_offsets):
+    if not all(isinstance(t, TensorRef) for t in (buffer, sizes, strides, storage_offsets)):
+        raise pickle.UnpicklingError("nested tensor whose buffer or metadata are not tensors")
+    return RebuiltTensor("nested", None, buffer.dtype, "_rebuild_nested_tensor",
+                         (buffer, sizes, strides, storage_offsets))
+
+
+def _rebuild_meta_tensor_no_storage(dtype, size, stride, requires_grad=False):
+    name = _dtype_name(dtype)
+    if len(_shape(stride)) != len(_shape(size)):
+        raise pickle.UnpicklingError("meta tensor with as many sizes as strides")
+    return RebuiltTensor("meta", _shape(size), name, "_rebuild_meta_tensor_no_storage",
+                         (dtype, tuple(size), tuple(stride), bool(requires_grad)), bool(requires_grad))
+
+
+def _rebuild_wrapper_subclass(cls, *args):
+    """A storage-less wrapper tensor subclass. torch rebuilds one only for a class the loading process
+    allowlisted (`torch.Tensor` itself fails: "Tensor must define __torch_dispatch__"); its contents are the
+    subclass's own, so ckptfix refuses it, naming it."""
+    raise pickle.UnpicklingError("a wrapper tensor subclass (torch._utils._rebuild_wrapper_subclass): torch.load "
+                                 "rebuilds one only for a class allowlisted with add_safe_globals; ckptfix cannot read it")
+
+
+def _rebuild_device_tensor_from_cpu_tensor(data, dtype, device, requires_grad=False):
+    """A tensor saved from a device without storage access (xla, mtia, maia) as its CPU copy, same dtype."""
+    if not isinstance(data, TensorRef) or _dtype_name(dtype) != data.dtype:
+        raise pickle.UnpicklingError("device tensor from a CPU tensor of another dtype (torch would convert it)")
+    data.requires_grad = bool(requires_grad)
+    return data
+
+
+def _rebuild_device_tensor_from_numpy(data, dtype, device, requires_grad=False):
+    """torch < 2.6's form of the same for xla/mtia tensors: a numpy array, which torch's weights-only loader
+    refuses (numpy's globals are not on its list); kept as the array record, named by CKF704."""
+    if not isinstance(data, OpaqueObject):
+        raise pickle.UnpicklingError("device tensor from numpy without a numpy array")
+    return data
+
+
+class _TensorClassType(type):
+    """The stand-in for a tensor class (`torch.Tensor`, `torch.FloatTensor`, `torch.cuda.sparse.FloatTensor`,
+    `torch.nn.Parameter`). NEWOBJ makes an empty tensor that BUILD fills with `(storage, offset, size,
+    stride)`: how torch <= 0.3 pickled tensors, and what torch's weights-only loader still reads (`set_`).
+    Calling one (the legacy constructors) is refused, except a sparse class given (indices, values, size)."""
+
+    qualname: str
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        if cls.qualname == "torch.nn.parameter.Parameter":  # NEWOBJ: torch.nn.Parameter(data, requires_grad)
+            return _rebuild_parameter(*args, **kwargs)
+        if ".sparse." in cls.qualname and len(args) == 3 and not kwargs:
+            return _rebuild_sparse_tensor(TorchLayout("torch.sparse_coo"), tuple(args))
+        raise pickle.UnpicklingError(f"a call of the legacy tensor constructor {_printable(cls.qualname)}; "
+                                     "torch.save never writes one")
+
+    def __setattr__(cls, key: str, value: Any) -> None:
+        raise AttributeError("read-only")
+
+    def __repr__(cls) -> str:
+        return f"<tensor class {_printable(cls.qualname)}>"
+
+
+class _LegacyTensor(TensorRef):
+    """What NEWOBJ of a tensor class makes: empty until BUILD gives it `(storage, offset, size, stride)`, once."""
+
+    def __setstate__(self, state: Any) -> None:
+        if getattr(self, "storage", None) is not None or not (isinstance(state, tuple) and len(state) == 4):
+            raise pickle.UnpicklingError("tensor state other than torch's legacy (storage, offset, size, stride)")
+        built = _rebuild_tensor(*state)
+        for f in dataclasses.fields(TensorRef):
+            object.__setattr__(self, f.name, getattr(built, f.name))
+
+
+def _tensor_class(qualname: str, pending: list) -> type:
+    def new(cls, *args):
+        if cls.qualname == "torch.nn.parameter.Parameter":
+            return _rebuild_parameter(*args)
+        if args:
+            raise pickle.UnpicklingError(f"{_printable(cls.qualname)} constructed with arguments")
+        tensor = object.__new__(_LegacyTensor)
+        for f in dataclasses.fields(TensorRef):
+            object.__setattr__(tensor, f.name, f.default if f.default is not dataclasses.MISSING else None)
+        pending.append(tensor)
+        return tensor
+
+    return _TensorClassType("TensorClass", (), {"__new__": new, "qualname": qualname})
 
 
 class _StorageType(_Record):
@@ -357,6 +538,15 @@ def _encode(text: Any, encoding: Any = "utf-8", *rest: Any) -> bytes:
     return text.encode("latin-1")
 
 
+def _bytearray(*args: Any) -> bytearray:
+    # How pickle spells one: (bytes,) at protocols 3-4, (str, 'latin-1') at 2; never a size (an allocation).
+    if args == () or len(args) == 1 and isinstance(args[0], bytes):
+        return bytearray(*args)
+    if len(args) == 2 and isinstance(args[0], str) and args[1] in ("latin1", "latin-1"):
+        return bytearray(args[0].encode("latin-1"))
+    raise pickle.UnpicklingError("bytearray of something other than bytes")
+
+
 def _allowlist() -> dict[tuple[str, str], Any]:
     table: dict[tuple[str, str], Any] = {
         ("collections", "OrderedDict"): collections.OrderedDict,
@@ -365,6 +555,7 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         ("builtins", "set"): set,
         ("builtins", "frozenset"): frozenset,
         ("builtins", "complex"): complex,
+        ("builtins", "bytearray"): _Function(_bytearray),
         ("builtins", "slice"): _Function(_slice),
         ("torch._utils", "_rebuild_tensor_v2"): _Function(_rebuild_tensor),
         ("torch._utils", "_rebuild_tensor_v3"): _Function(_rebuild_tensor_v3),
@@ -372,21 +563,53 @@ def _allowlist() -> dict[tuple[str, str], Any]:
         ("torch._utils", "_rebuild_qtensor"): _Function(_rebuild_qtensor),
         ("torch._utils", "_rebuild_parameter_with_state"): _Function(_rebuild_parameter),
         ("torch._tensor", "_rebuild_from_type_v2"): _Function(_rebuild_from_type),
-        ("torch", "Tensor"): object,  # only ever an argument of _rebuild_from_type_v2
-        ("torch.nn.parameter", "Parameter"): object,
+        ("torch._utils", "_rebuild_tensor"): _Function(_rebuild_tensor),  # torch 0.4.0's, legacy files
+        ("torch._utils", "_rebuild_sparse_tensor"): _Function(_rebuild_sparse_tensor),
+        ("torch._utils", "_rebuild_nested_tensor"): _Function(_rebuild_nested_tensor),
+        ("torch._utils", "_rebuild_meta_tensor_no_storage"): _Function(_rebuild_meta_tensor_no_storage),
+        ("torch._utils", "_rebuild_wrapper_subclass"): _Function(_rebuild_wrapper_subclass),
+        ("torch._utils", "_rebuild_device_tensor_from_cpu_tensor"): _Function(_rebuild_device_tensor_from_cpu_tensor),
+        ("torch._utils", "_rebuild_device_tensor_from_numpy"): _Function(_rebuild_device_tensor_from_numpy),
+        ("torch.serialization", "_get_layout"): _Function(_get_layout),
         ("torch", "device"): _Function(_device),
         ("torch", "Size"): _Function(_size),
     }
     for name in STORAGE_DTYPES:
         table[("torch", name)] = _StorageType(name)
+    for name, (dtype, _) in STORAGE_DTYPES.items():  # CUDA storages: torch 0.4-era files name them (lpips)
+        if dtype not in QUANTIZED_DTYPES and name != "UntypedStorage":
+            table[("torch.cuda", name)] = _StorageType(name)
     # dtypes without a typed storage class (uint16/32/64, float8) are saved through `_rebuild_tensor_v3`
     # with an untyped (byte) storage spelled by its module path; the dtype comes as an argument.
     table[("torch.storage", "UntypedStorage")] = _StorageType("UntypedStorage")
     for name in list(DTYPE_SIZES) + list(_DTYPE_ALIASES):
         table[("torch", name)] = TorchDtype(_DTYPE_ALIASES.get(name, name))
-    for name in (_PER_TENSOR, *_PER_CHANNEL):
+    for name in _OTHER_DTYPES:  # dtypes torch allowlists that no tensor ckptfix reads has (int1..int7, ...)
+        table.setdefault(("torch", name), TorchDtype(name))
+    for name in (_PER_TENSOR, *_PER_CHANNEL, *_SYMMETRIC):  # the symmetric ones: `_rebuild_qtensor` refuses them
         table[("torch", name)] = TorchQScheme(name)
     return table
+
+
+_OTHER_DTYPES = tuple(f"{k}{n}" for k in ("int", "uint") for n in range(1, 8)) + ("quint4x2", "quint2x4")
+_SYMMETRIC = ("per_tensor_symmetric", "per_channel_symmetric")
+# The tensor classes torch's weights-only loader allowlists (`torch._tensor_classes`, `torch.Tensor`,
+# `torch.nn.Parameter`): each unpickler makes its own stand-ins (`_tensor_class`).
+_TENSOR_TYPES = ("BFloat16", "Bool", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
+TENSOR_CLASSES = frozenset(
+    ["torch.Tensor", "torch.nn.parameter.Parameter"]
+    + [f"{m}.{t}Tensor" for m in ("torch", "torch.cuda") for t in _TENSOR_TYPES]
+    + [f"{m}.{t}Tensor" for m in ("torch.sparse", "torch.cuda.sparse") for t in _TENSOR_TYPES if t != "Bool"])
+# Globals torch allowlists that ckptfix reads only to refuse the file, and why (tests/test_torch_differential.py
+# checks that every global on torch's list is in ALLOWED_GLOBALS, TENSOR_CLASSES or here). torch 2.4's list (the
+# oldest torch ckptfix supports; read from its source) is a subset of 2.13's: it lacks `_codecs.encode`,
+# `builtins.bytearray/set/complex`, `int1`-`int7`/`uint1`-`uint7` and the two device-tensor rebuilds, and its
+# unpickler reads the same opcodes.
+NAMED_ONLY = {
+    "torch.storage.TypedStorage": "a storage type without a dtype; torch.load cannot rebuild it either",
+    "torch.QUInt4x2Storage": "sub-byte quantized values packed two to a byte: refused by name (`persistent_load`)",
+    "torch.QUInt2x4Storage": "sub-byte quantized values packed four to a byte: refused by name (`persistent_load`)",
+}
 
 
 ALLOWED_GLOBALS = _allowlist()
@@ -404,6 +627,8 @@ class _SafeUnpickler(pickle.Unpickler):
         self.refused: list[str] = []
         self.made: list[OpaqueObject] = []  # every use of a global outside the allowlist
         self.budget = _HashBudget(data)
+        self.pending: list[TensorRef] = []  # tensors made by NEWOBJ of a tensor class, filled by BUILD
+        self.names: set[str] = set()  # every global the pickle names, as torch spells it
 
     def find_class(self, module: str, name: str) -> Any:
         # Protocol 2 (torch.save's) spells some names the Python 2 way (`__builtin__.long`); map them as
@@ -412,7 +637,10 @@ class _SafeUnpickler(pickle.Unpickler):
             module, name = _compat_pickle.NAME_MAPPING[(module, name)]
         elif module in _compat_pickle.IMPORT_MAPPING:
             module = _compat_pickle.IMPORT_MAPPING[module]
+        self.names.add(f"{module}.{name}")
         found = ALLOWED_GLOBALS.get((module, name))
+        if found is None and f"{module}.{name}" in TENSOR_CLASSES:
+            return _tensor_class(f"{module}.{name}", self.pending)
         if found in (set, frozenset, collections.OrderedDict, collections.Counter):
             return self.budget.wrap(found)
         if found is not None:
@@ -443,7 +671,13 @@ class _SafeUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError("storage whose key or location is not a string")
         if not isinstance(numel, int) or not 0 <= numel <= INT64_MAX:
             raise pickle.UnpicklingError("storage with a negative or impossible size")
-        return StorageRef(key, storage_type.dtype, location, numel)
+        view = pid[5] if len(pid) > 5 else None  # the legacy stream's (view key, offset, size), or None
+        if view is None:
+            return StorageRef(key, storage_type.dtype, location, numel)
+        if not (isinstance(view, tuple) and len(view) == 3 and all(isinstance(v, int) for v in view[1:])
+                and 0 <= view[1] and 0 <= view[2] and view[1] + view[2] <= numel):
+            raise pickle.UnpicklingError("storage view outside its storage")
+        return StorageRef(key, storage_type.dtype, location, numel, view_start=view[1])
 
 
 def _printable(name: str, limit: int = 120) -> str:
@@ -554,7 +788,50 @@ def pickle_end(data: Any, start: int, origin: str) -> int:
     raise UnreadableCheckpoint(f"{origin}: corrupt pickle stream (no STOP opcode where one pickle should end)")
 
 
-def _prescan(data: bytes, origin: str) -> None:
+# The opcodes torch's weights-only unpickler reads (`torch._weights_only_unpickler.Unpickler.load`, 2.4 to
+# 2.13); on any other it stops with "Unsupported operand". Python's pickler writes others at protocols 0, 1,
+# 3, 4 and 5: FRAME and MEMOIZE (4+), SHORT_BINUNICODE (4+), BINBYTES (3+), text INT for a bool (0, 1).
+_TORCH_OPCODE_NAMES = frozenset({
+    "PROTO", "STOP", "GLOBAL", "NEWOBJ", "REDUCE", "BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "MARK",
+    "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE", "NEWFALSE", "NEWTRUE", "EMPTY_TUPLE", "EMPTY_LIST", "EMPTY_DICT",
+    "EMPTY_SET", "BININT", "BININT1", "BININT2", "BINFLOAT", "BINUNICODE", "SHORT_BINSTRING", "BINPERSID", "BINGET",
+    "LONG_BINGET", "BINPUT", "LONG_BINPUT", "LONG1"})
+_TORCH_OPCODES = bytes(1 if spec is not None and spec[2] in _TORCH_OPCODE_NAMES else 0 for spec in _OPCODES)
+_PROTOCOLS = {ord(op.code): op.proto for op in pickletools.opcodes}  # the protocol that introduced each opcode
+
+
+def torch_refused_opcode(data: Any) -> str | None:
+    """The first opcode torch's weights-only unpickler cannot read (its name and the protocol that writes it),
+    or None. Opcode lengths only, as `pickle_end` walks them; nothing is built."""
+    table, ok, n, i = _OPCODES, _TORCH_OPCODES, len(data), 0
+    from_bytes = int.from_bytes
+    while i < n:
+        code = data[i]
+        spec = table[code]
+        if spec is None:
+            return None  # damage: the unpickler reports it
+        if not ok[code]:
+            proto = _PROTOCOLS[code]
+            return f"{spec[2]} (pickle protocol {proto}+)" if proto > 1 else f"{spec[2]} (pickle protocol 0/1)"
+        size, at = spec[1], i + 1
+        if size >= 0:
+            i = at + size
+        elif size == -1:
+            i = data.find(b"\n", at) + 1
+            if i and spec[0] == _A_GLOBAL:
+                i = data.find(b"\n", i) + 1
+            if not i:
+                return None
+        elif size == -2:
+            i = at + 1 + data[at] if at < n else n
+        else:  # BINUNICODE's 4-byte length (the 8-byte ones are refused above)
+            i = at + 4 + from_bytes(data[at:at + 4], "little", signed=size == -3)
+        if spec[0] == _A_STOP:
+            return None
+    return None
+
+
+def _prescan(data: bytes, origin: str) -> set[str]:
     """Refuse, before unpickling, what would hang or crash the C unpickler itself, and numbers no checkpoint holds.
 
     Hashing a tuple hashes its items, recursively and uncached: a tuple DAG built from memo references
@@ -568,11 +845,17 @@ def _prescan(data: bytes, origin: str) -> None:
     the C unpickler allocate far more than the pickle holds: a memo index beyond the pickle's size (its
     memo array is grown and zero-filled to the index: 16 GB for one 6-byte LONG_BINPUT) and an
     argument length running past the end.
-    A damaged stream just ends the walk: the unpickler then reports the damage.
+    The walk models the C unpickler's stack exactly (POP on an empty mark pops the mark, as protocol 0's
+    recursive tuples do); where its model runs out (a stack underflow) the stream is refused, never left
+    unwalked: a walk that stopped early would let what follows reach the unpickler unchecked. An unknown
+    opcode ends the walk: the unpickler stops at the same byte.
 
     Speed (it runs on every pickle read, ~0.2 us per opcode): ops that only push one plain item (most of a
     state dict: keys, ints, floats, None) take a fast path through two flat tables; runs of MARK (a deep
     nest is 100k of them) are taken in one step. Their effect is exactly the general path's.
+
+    Returns the names of the opcodes off the fast path that torch's weights-only unpickler cannot read (the
+    fast path's are all readable in a protocol-2 pickle, torch.save's: `torch_refusals` walks the others).
     """
     # Per stack item: 1 for anything but a tuple, (expanded nodes, nesting depth) for a tuple.
     stack: list[Any] = []
@@ -585,6 +868,7 @@ def _prescan(data: bytes, origin: str) -> None:
     budget = _hash_budget(data)
     largest = max(MAX_TUPLE_NODES, n)
     built, most = 0, MAX_OBJECTS_BASE + n // 8  # memory grows with what the pickle builds, not its size
+    torch_ok, refused = _TORCH_OPCODES, set[str]()
     try:
         while i < n:
             code = data[i]
@@ -616,9 +900,15 @@ def _prescan(data: bytes, origin: str) -> None:
                 continue
             spec = table[code]
             if spec is None:
-                return
+                return refused
             action, size, name, has_mark, below, pushed = spec
+            if not torch_ok[code]:
+                refused.add(name)
             at = i + 1
+            if code == 0x30 and marks and marks[-1] == len(stack):  # POP with nothing above the mark pops the mark
+                marks.pop()
+                i = at
+                continue
             if action == _A_MARK:  # a run of MARKs in one step
                 i = at
                 while data[i:i + 1] == b"(":
@@ -654,7 +944,7 @@ def _prescan(data: bytes, origin: str) -> None:
                     del stack[marks.pop():]
                 if below:
                     if below > len(stack):
-                        return
+                        raise _Underflow
                     del stack[-below:]
                 if pushed == 1:
                     push(1)
@@ -667,7 +957,7 @@ def _prescan(data: bytes, origin: str) -> None:
                 else:
                     m = len(stack) - (action - 1)
                     if m < 0:
-                        return
+                        raise _Underflow
                 items = stack[m:]
                 del stack[m:]
                 weight, depth = 1, 1
@@ -702,9 +992,12 @@ def _prescan(data: bytes, origin: str) -> None:
             elif action == _A_MARK:
                 marks.append(len(stack))
             elif action == _A_STOP:
-                return
+                return refused
             elif action in (_A_LONG_BINARY, _A_LONG_TEXT):
                 digits = i - at
+                if action == _A_LONG_TEXT and digits > 320:  # wider than 1023 bits whatever the digits; never
+                    raise UnreadableCheckpoint(  # converted (int() refuses 4300 digits, and is quadratic below)
+                        f"{origin}: pickle holds an integer of {digits - 1:,} digits; no checkpoint value is that wide")
                 if digits > (127 if action == _A_LONG_BINARY else 300):
                     value = from_bytes(data[at:i], "little", signed=True) if action == _A_LONG_BINARY else int(data[at:i - 1].rstrip(b"L"))
                     if value.bit_length() > MAX_INT_BITS:
@@ -728,7 +1021,7 @@ def _prescan(data: bytes, origin: str) -> None:
                     del stack[m:]
                     if name in ("ADDITEMS", "SETITEMS"):
                         if not stack:
-                            return
+                            raise _Underflow
                         stack.pop()
                     stack.append(1)
                 budget -= sum(item[0] if item.__class__ is tuple else 1 for item in hashed)
@@ -738,11 +1031,17 @@ def _prescan(data: bytes, origin: str) -> None:
                         "(a memo bomb); not a checkpoint")
     except UnreadableCheckpoint:
         raise
-    except Exception:  # a damaged stream (stack underflow, bad memo key, ...): the unpickler reports it
-        return
+    except Exception:  # the model ran out (stack or marks underflow, a text argument that is not a number)
+        raise UnreadableCheckpoint(f"{origin}: corrupt pickle (unpickling stack underflow or a malformed "
+                                   f"argument at byte {i})") from None
     if i > n:  # the fast path's last fixed-size argument ran past the end: name its op as the slow path does
         name = next((table[data[j]][2] for j in range(max(0, n - 9), n) if j + fixed[data[j]] == i), "last")
         raise UnreadableCheckpoint(f"{origin}: corrupt pickle (a {name} argument runs past the end; truncated?)")
+    return refused
+
+
+class _Underflow(Exception):
+    """`_prescan`'s stack model ran out where the C unpickler's would too."""
 
 
 class _HashBudget:
@@ -822,24 +1121,32 @@ def _check_tree(tree: Any, origin: str) -> None:
 def globals_in_pickle(data: bytes) -> list[str]:
     """List every global a pickle would import, by reading its opcodes (nothing is executed)."""
     found: list[str] = []
-    strings: list[str] = []
-    memo: dict[Any, str] = {}
+    strings: list[str | None] = []  # what recent ops pushed: a string, or None for anything else
+    memo: dict[Any, str | None] = {}
+    memoized = 0
+    last_string = False  # whether the previous op pushed a string (only then does a PUT/MEMOIZE store one)
     try:
         for opcode, arg, _ in pickletools.genops(data):
             name = opcode.name
+            pushed_string = False
             if name in ("GLOBAL", "INST"):
                 found.append(str(arg).replace(" ", "."))
-            elif name == "STACK_GLOBAL" and len(strings) >= 2:
+            elif name == "STACK_GLOBAL" and len(strings) >= 2 and None not in strings[-2:]:
                 found.append(f"{strings[-2]}.{strings[-1]}")
             elif name in ("SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING",
                           "BINSTRING", "STRING"):
                 strings.append(str(arg))
-            elif name in ("BINPUT", "LONG_BINPUT", "PUT") and strings:
-                memo[arg] = strings[-1]
-            elif name == "MEMOIZE" and strings:
-                memo[len(memo)] = strings[-1]
-            elif name in ("BINGET", "LONG_BINGET", "GET") and arg in memo:
-                strings.append(memo[arg])
+                pushed_string = True
+            elif name in ("BINPUT", "LONG_BINPUT", "PUT", "MEMOIZE"):
+                memo[memoized if name == "MEMOIZE" else arg] = strings[-1] if last_string and strings else None
+                memoized += name == "MEMOIZE"
+                pushed_string = last_string
+            elif name in ("BINGET", "LONG_BINGET", "GET"):
+                strings.append(memo.get(arg))
+                pushed_string = memo.get(arg) is not None
+            elif opcode.stack_after:
+                strings.append(None)
+            last_string = pushed_string
             if opcode.name == "STOP":
                 break
     except Exception:  # a truncated pickle: report what we saw before the damage
@@ -847,15 +1154,19 @@ def globals_in_pickle(data: bytes) -> list[str]:
     return sorted(set(found))
 
 
-def load_pickle(data: bytes, origin: str, *, opaque: bool = False) -> Any:
+def load_pickle(data: bytes, origin: str, *, opaque: bool = False, refusals: list[str] | None = None) -> Any:
     """Unpickle `data` with the allowlist; globals outside it become inert `OpaqueObject` records. Strict mode
-    raises UnsafePickle naming every call that is not a known data class's constructor, with its arguments."""
+    raises UnsafePickle naming every call that is not a known data class's constructor, with its arguments.
+    `refusals`, if given, receives why torch.load(weights_only=True) would refuse this pickle though ckptfix
+    reads it: each global outside torch's allowlist, and the first opcode its unpickler cannot read."""
     if len(data) > MAX_PICKLE_BYTES:
         raise UnreadableCheckpoint(f"{origin}: pickle of {len(data)} bytes is implausibly large")
-    _prescan(data, origin)
+    refused_ops = _prescan(data, origin)
     unpickler = _SafeUnpickler(data, opaque, origin)
     try:
         tree = unpickler.load()
+        if any(t.storage is None for t in unpickler.pending):
+            raise pickle.UnpicklingError("a tensor class constructed without its (storage, offset, size, stride)")
         _check_tree(tree, origin)
     except UnreadableCheckpoint:
         raise
@@ -866,7 +1177,22 @@ def load_pickle(data: bytes, origin: str, *, opaque: bool = False) -> Any:
     calls = [] if opaque else unpickler.code_calls()
     if calls:
         _refuse(data, origin, unpickler, calls)
+    if refusals is not None:
+        refusals.extend(torch_refusals(data, refused_ops, unpickler.names))
     return tree
+
+
+def torch_refusals(data: bytes, refused_ops: set[str], names: set[str]) -> list[str]:
+    """Why torch's weights-only unpickler refuses a pickle ckptfix read: its globals outside torch's allowlist,
+    then its first opcode torch cannot read (a protocol-2 pickle's are all off `_prescan`'s fast path; any
+    other protocol is walked, up to the first)."""
+    from ckptfix.formats.data_globals import torch_refuses
+
+    out = [f"global {_printable(n)}" for n in sorted(names) if torch_refuses(n)]
+    op = torch_refused_opcode(data) if data[:2] != b"\x80\x02" else min(refused_ops, default=None)
+    if op is not None:
+        out.append(f"opcode {op}" if "protocol" in op else f"opcode {op} (not written by torch.save)")
+    return out
 
 
 def _refuse(data: bytes, origin: str, unpickler: _SafeUnpickler, calls: list[OpaqueObject]) -> None:

@@ -19,6 +19,7 @@ from ckptfix.formats.common import find_tied
 
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
 
+_REFUSES = "the safetensors library refuses the file too"
 DTYPES = SAFETENSORS_TO_TORCH  # safetensors code -> torch name
 SAFETENSORS_DTYPES = TORCH_TO_SAFETENSORS
 
@@ -57,6 +58,8 @@ def read_header(path: str) -> tuple[dict, dict, int]:
     if not isinstance(header, dict):
         raise UnreadableCheckpoint(f"{path}: safetensors header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}
+    if not (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values())):
+        raise UnreadableCheckpoint(f"{path}: safetensors __metadata__ is not an object of strings; {_REFUSES}")
     data_start, data_len = 8 + n, size - 8 - n
     _check_layout(path, header, data_len)
     return header, metadata, data_start
@@ -71,9 +74,10 @@ def _check_layout(path: str, header: dict, data_len: int) -> None:
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has unknown dtype {entry['dtype']!r:.40}")
         shape, offsets = entry["shape"], entry["data_offsets"]
         if not (isinstance(shape, list) and len(shape) <= 64
-                and all(isinstance(d, int) and 0 <= d < 1 << 63 for d in shape)):
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63 for d in shape)):
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has an invalid shape {shape!r:.80}")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)):
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has invalid data_offsets {offsets!r:.80}")
         begin, end = offsets
         if not 0 <= begin <= end <= data_len:
@@ -88,6 +92,16 @@ def _check_layout(path: str, header: dict, data_len: int) -> None:
     for (_b1, e1, n1), (b2, _e2, n2) in zip(spans, spans[1:]):
         if b2 < e1:
             raise UnreadableCheckpoint(f"{path}: tensors {n1!r:.80} and {n2!r:.80} overlap in the data section")
+    # The library (safetensors' `validate`) wants the tensors to tile the data section exactly: a gap could hide
+    # bytes no reader shows (a pickle), trailing bytes likewise. It refuses both, so does ckptfix.
+    end = 0
+    for begin, stop, name in spans:
+        if begin != end:
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} starts at data byte {begin:,}, not where the tensor "
+                                       f"before it ends ({end:,}): a gap in the data section; {_REFUSES}")
+        end = stop
+    if end != data_len:
+        raise UnreadableCheckpoint(f"{path}: {data_len - end:,} bytes after the last tensor's data; {_REFUSES}")
 
 
 def tensors(path: str, prefix_id: str = "") -> tuple[dict[str, TensorInfo], dict]:

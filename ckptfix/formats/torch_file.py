@@ -17,7 +17,15 @@ from typing import Any
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import MAX_PICKLE_BYTES, load_pickle, pickle_end
+from ckptfix.formats.pickle_safe import (
+    DTYPE_SIZES,
+    MAX_PICKLE_BYTES,
+    RebuiltTensor,
+    StorageRef,
+    load_pickle,
+    pickle_end,
+)
+from ckptfix.untrusted import escape
 
 try:
     from lzma import LZMAError as _LZMAError
@@ -40,8 +48,11 @@ class TorchArchive:
     members: dict[str, zipfile.ZipInfo]
     duplicates: list[str]
     size: int
+    big_endian: bool = False  # the `byteorder` record says "big" (see `byte_order`)
 
-    def record_range(self, key: str) -> ByteRange:
+    def record_range(self, key: str, itemsize: int = 1) -> ByteRange:
+        """Where record data/`key` lies; in a big-endian archive, a range of `itemsize`-byte elements is
+        marked for byte-swapping (torch.load swaps a storage by its dtype, an UntypedStorage not at all)."""
         info = self.members.get(f"{self.prefix}/data/{key}")
         if info is None:
             raise UnreadableCheckpoint(f"{self.path}: tensor record data/{key} is missing from the archive")
@@ -52,7 +63,7 @@ class TorchArchive:
         start = self._data_start(info)
         if start + info.file_size > self.size:
             raise UnreadableCheckpoint(f"{self.path}: record data/{key} runs past the end of the file (truncated?)")
-        return ByteRange(self.path, start, info.file_size)
+        return ByteRange(self.path, start, info.file_size, self.big_endian and itemsize > 1)
 
     def _data_start(self, info: zipfile.ZipInfo) -> int:
         mapped = file_map(self.path)
@@ -99,11 +110,27 @@ class TorchArchive:
             raise UnreadableCheckpoint(f"{self.path}: {suffix} inflates {info.compress_size:,} bytes to "
                                        f"{info.file_size:,}; refusing to inflate it (a zip bomb?)")
         try:
-            with zipfile.ZipFile(self.path) as zf:
-                return zf.read(info)
+            with zipfile.ZipFile(self.path) as zf, zf.open(info) as member:
+                return _read_at_most(member, info.file_size, f"{self.path}: {suffix}")
         except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError,
                 zlib.error, _LZMAError) as exc:  # zlib/lzma: a corrupt compressed member
             raise UnreadableCheckpoint(f"{self.path}: cannot read {suffix}: {exc}") from None
+
+
+def _read_at_most(member: Any, size: int, origin: str) -> bytes:
+    """A member's bytes, never more than it declares: zipfile's read() of a deflated member inflates the whole
+    stream in one call whatever the directory says (a 2 MB stream claiming 1 KB took 2 GB); read(n) inflates n."""
+    chunks: list[bytes] = []
+    got = 0
+    while True:
+        chunk = member.read(min(1 << 20, size - got + 1))
+        if not chunk:
+            return b"".join(chunks)
+        got += len(chunk)
+        if got > size:
+            raise UnreadableCheckpoint(f"{origin}: inflates to more than the {size:,} bytes its zip entry declares; "
+                                       "corrupt or hostile archive")
+        chunks.append(chunk)
 
 
 def sniff(head: bytes) -> str | None:
@@ -122,6 +149,10 @@ def open_archive(path: str) -> TorchArchive:
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error, NotImplementedError, OverflowError) as exc:
         # NotImplementedError: a damaged "version needed to extract" field ("zip file version 6.4")
         raise UnreadableCheckpoint(f"{path}: not a readable zip archive ({exc}); truncated or corrupt?") from None
+    nul = next((i.orig_filename for i in infos if "\x00" in i.orig_filename), None)
+    if nul is not None:  # Python's zipfile cuts the name at the NUL, torch's miniz does not: they read different members
+        raise UnreadableCheckpoint(f"{path}: zip member name '{escape(nul[:120])}' holds a NUL byte; Python and "
+                                   "torch.load's zip reader would read different members; refusing it")
     names = [i.filename for i in infos]
     pkl = [n for n in names if n.endswith("/data.pkl") and n.count("/") == 1]
     # torch.jit.save archives hold a data.pkl too (of __torch__ classes): tell them apart first.
@@ -146,11 +177,49 @@ def open_archive(path: str) -> TorchArchive:
         if info.filename in members:
             duplicates.append(info.filename)
         members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
-    return TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    archive = TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    _refuse_overlaps(archive, infos)
+    archive.big_endian = byte_order(archive) == "big"
+    return archive
 
 
-def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, TorchArchive | None]:
-    """Unpickle a torch file with the allowlist: the tree, how to find each storage, the archive."""
+def _refuse_overlaps(archive: TorchArchive, infos: list[zipfile.ZipInfo]) -> None:
+    """No zip writer lays two members over the same bytes; torch.load would read one record's bytes as another's
+    tensor without a word (measured: a central directory pointing data/1 at data/0 loads both as data/0's values)."""
+    spans = []
+    for info in infos:
+        start = archive._data_start(info)
+        if start + info.compress_size <= archive.size:  # a size past the end is named where the member is read
+            spans.append((info.header_offset, start + info.compress_size, info.filename))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            first, second = sorted((first, second))
+            raise UnreadableCheckpoint(
+                f"{archive.path}: zip members '{escape(first[:120])}' and '{escape(second[:120])}' overlap in the "
+                "file (one's bytes would be read as the other's); not an archive torch.save writes")
+
+
+def byte_order(archive: TorchArchive) -> str:
+    """The archive's `byteorder` record (torch >= 2.1 writes the saving machine's `sys.byteorder`). Without
+    one, torch.load assumes little (`get_default_load_endianness()` unset); any other value it refuses
+    ("Unknown endianness type")."""
+    info = archive.members.get(f"{archive.prefix}/byteorder")
+    if info is None:
+        return "little"
+    if info.file_size > 16:
+        raise UnreadableCheckpoint(f"{archive.path}: byteorder record of {info.file_size} bytes; torch.load refuses it")
+    value = archive.read_member("byteorder")
+    if value not in (b"little", b"big"):
+        raise UnreadableCheckpoint(f"{archive.path}: byteorder record {value!r} is neither 'little' nor 'big'; "
+                                   "torch.load refuses it too")
+    return value.decode()
+
+
+def load(path: str, *, opaque: bool = False,
+         refusals: list[str] | None = None) -> tuple[Any, common.Locator, TorchArchive | None]:
+    """Unpickle a torch file with the allowlist: the tree, how to find each storage, the archive.
+    `refusals` receives why torch.load(weights_only=True) refuses the pickle (`pickle_safe.load_pickle`)."""
     from ckptfix.formats import open_regular
 
     try:
@@ -161,25 +230,32 @@ def load(path: str, *, opaque: bool = False) -> tuple[Any, common.Locator, Torch
     kind = sniff(head)
     if kind == "torch-zip":
         archive = open_archive(path)
-        tree = load_pickle(archive.read_member("data.pkl") or b"", path, opaque=opaque)
-        return tree, lambda storage: (lambda: archive.record_range(storage.key)), archive
+        tree = load_pickle(archive.read_member("data.pkl") or b"", path, opaque=opaque, refusals=refusals)
+        return tree, lambda storage: (lambda: archive.record_range(storage.key, DTYPE_SIZES[storage.dtype])), archive
     if kind == "torch-legacy":
-        tree, ranges = _load_legacy(path, opaque)
+        tree, ranges = _load_legacy(path, opaque, refusals)
         return tree, lambda storage: (lambda: _legacy_range(path, ranges, storage.key)), None
     raise UnreadableCheckpoint(f"{path}: not a torch.save file")
 
 
-def _load_legacy(path: str, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
+def _load_legacy(path: str, opaque: bool, refusals: list[str] | None = None) -> tuple[Any, dict[str, ByteRange]]:
     """The pre-1.6 stream: magic, protocol, sys info, the object, storage keys, then raw storages.
 
     The file is mapped, never read whole: only the pickles at its head are copied out (each bounded by
     MAX_PICKLE_BYTES), and each storage costs an 8-byte pread of its size; its bytes stay in the file.
     A plain map, not `file_map`'s: finding a pickle's end indexes it byte by byte, in C."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return _read_legacy_stream(path, data, f.fileno(), opaque)
+    with open(path, "rb") as f:
+        try:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError, OverflowError) as exc:  # ENOMEM: a (sparse) file larger than the address space left
+            raise UnreadableCheckpoint(f"{path}: cannot map the legacy stream ({exc}); "
+                                       f"a file of {os.fstat(f.fileno()).st_size:,} bytes") from None
+        with data:
+            return _read_legacy_stream(path, data, f.fileno(), opaque, refusals)
 
 
-def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool) -> tuple[Any, dict[str, ByteRange]]:
+def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool,
+                        refusals: list[str] | None = None) -> tuple[Any, dict[str, ByteRange]]:
     try:
         stream = _PickleStream(data)
         # opaque too: with --trust-pickle an arbitrary pickle is then "not a torch.save file", not "refused"
@@ -187,13 +263,25 @@ def _read_legacy_stream(path: str, data: mmap.mmap, fd: int, opaque: bool) -> tu
             raise UnreadableCheckpoint(f"{path}: a pickle, but not a torch.save file (no torch magic number)")
         stream.next(path)  # protocol version
         stream.next(path)  # sys info
-        tree = stream.next(path, opaque=opaque)
+        tree = stream.next(path, opaque=opaque, refusals=refusals)
         keys = stream.next(path)
         if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
             raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint (storage keys are not a list of names)")
-        storages = {ref.storage.key: ref.storage for ref in common.iter_tensor_refs(tree)}
+        # element sizes: every storage a tensor uses, and storages saved on their own (a bare FloatStorage)
+        refs = list(common.iter_tensor_refs(tree))
+        storages = {ref.storage.key: ref.storage for ref in refs}
+        if refusals is not None and any(ref.dtype != ref.storage.dtype for ref in refs):
+            # a dtype without a typed storage class (uint16, float8...): torch's legacy reader asks the
+            # UntypedStorage for a dtype and fails
+            refusals.append("an untyped storage in a legacy (non-zip) file")
+        if refusals is not None and any(isinstance(n, RebuiltTensor) and n.kind == "nested"
+                                        for n in common.iter_leaves(tree)):
+            # the legacy stream's storages follow its pickle: torch builds the nested tensor from sizes it has
+            # not read yet (uninitialized memory: a wrong shape or "Storage size calculation overflowed")
+            refusals.append("a nested tensor in a legacy (non-zip) file")
+        storages.update((s.key, s) for s in common.iter_leaves(tree) if isinstance(s, StorageRef))
         ranges, pos = {}, stream.pos
-        for key in keys:
+        for key in keys:  # little-endian on every machine: torch converts on write (writeFileRaw)
             (numel,) = struct.unpack("<q", os.pread(fd, 8, pos))
             if numel < 0:
                 raise UnreadableCheckpoint(f"{path}: corrupt legacy checkpoint (storage {key} has a negative size)")
@@ -214,19 +302,21 @@ class _PickleStream:
     def __init__(self, data: Any):
         self.data, self.pos = data, 0
 
-    def next(self, origin: str, opaque: bool = False) -> Any:
+    def next(self, origin: str, opaque: bool = False, refusals: list[str] | None = None) -> Any:
         end = pickle_end(self.data, self.pos, origin)
         if end - self.pos > MAX_PICKLE_BYTES:
             raise UnreadableCheckpoint(f"{origin}: pickle of {end - self.pos} bytes is implausibly large")
         chunk = self.data[self.pos:end]
         self.pos = end
-        return load_pickle(chunk, origin, opaque=opaque)
+        return load_pickle(chunk, origin, opaque=opaque, refusals=refusals)
 
 
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Read a `torch.save` file into the checkpoint model (metadata only)."""
-    tree, locate_for, archive = load(path, opaque=trust_pickle)
+    refusals: list[str] = []
+    tree, locate_for, archive = load(path, opaque=trust_pickle, refusals=refusals)
     ckpt = common.checkpoint_from_tree(path, "torch", tree, locate_for)
+    ckpt.weights_only_refusals = refusals
     if archive is not None and archive.duplicates:
         ckpt.notes.append(f"duplicate zip member names (torch.load may read either copy): {', '.join(archive.duplicates[:5])}")
     ckpt.handle = archive

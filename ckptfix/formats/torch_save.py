@@ -26,7 +26,16 @@ import numpy as np
 from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.dtypes import DTYPE_SIZES, STORAGE_CLASS
 from ckptfix.errors import RepairError
-from ckptfix.formats.pickle_safe import OpaqueObject, StorageRef, TensorRef, TorchDevice, TorchDtype, global_name
+from ckptfix.formats.pickle_safe import (
+    OpaqueObject,
+    RebuiltTensor,
+    StorageRef,
+    TensorRef,
+    TorchDevice,
+    TorchDtype,
+    TorchLayout,
+    global_name,
+)
 from ckptfix.formats.zipwriter import ZipWriter
 from ckptfix.progress import Progress
 
@@ -172,12 +181,21 @@ class _Pickler(pickle._Pickler):
                     storage, t.offset, tuple(t.shape), tuple(t.stride), params, t.requires_grad,
                     collections.OrderedDict())
             args: tuple[Any, ...] = (storage, t.offset, tuple(t.shape), tuple(t.stride), t.requires_grad, collections.OrderedDict())
+            extra = (t.metadata,) if t.metadata else ()  # the conj/neg bits, as read
             if t.dtype in _STORAGE_CLASS:
-                return _global("torch._utils", "_rebuild_tensor_v2"), args
+                return _global("torch._utils", "_rebuild_tensor_v2"), (*args, *extra)
             # what torch.save does for dtypes without a typed storage class (float8, uint16/32/64, ...)
-            return _global("torch._utils", "_rebuild_tensor_v3"), (*args, _global("torch", t.dtype))
+            return _global("torch._utils", "_rebuild_tensor_v3"), (*args, _global("torch", t.dtype), *extra)
         if isinstance(obj, _Reduce):
             return obj.func, obj.args
+        if isinstance(obj, RebuiltTensor):  # sparse, nested, meta: the same torch._utils call, as read
+            call = (_global("torch._utils", obj.rebuild), _with_torch_values(obj.args, {}))
+            if obj.is_parameter:
+                return (_global("torch._utils", "_rebuild_parameter"),
+                        (_Reduce(*call), obj.requires_grad, collections.OrderedDict()))
+            return call
+        if isinstance(obj, TorchLayout):
+            return _global("torch.serialization", "_get_layout"), (obj.name,)
         if isinstance(obj, OpaqueObject):
             if _writable_data(obj):  # a numpy array/scalar/dtype, a path, a date: the same call, the same state
                 return (_named(obj.cls), _as_written(obj.args), _as_written(obj.state))
@@ -380,7 +398,7 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
         zw.write_bytes(name, data)
         return
     assert source.copy_from is not None  # a StorageSource has a producer or a source range
-    where = source.copy_from()
+    where = _little_endian(source.copy_from())
     if where.length < storage.nbytes:
         raise RepairError(f"source record for storage {storage.key} is shorter than the storage")
     crc = source.crc
@@ -393,13 +411,22 @@ def _write_storage(zw: ZipWriter, name: str, storage: StorageRef, source: Storag
 def _write_spliced(zw: ZipWriter, name: str, storage: StorageRef, spliced: Spliced) -> None:
     """The source's bytes copied raw (kernel side), then the produced tail; the CRC-32 continues from
     the prefix's (known for a whole source record, else computed from the mapped file)."""
-    where, tail = spliced.prefix, tensor_bytes(spliced.tail)
+    where, tail = _little_endian(spliced.prefix), tensor_bytes(spliced.tail)
     if where.length + len(tail) != storage.nbytes:
         raise RepairError(f"storage {storage.key}: produced {where.length + len(tail)} bytes, "
                           f"expected {storage.nbytes}")
     crc = spliced.prefix_crc if spliced.prefix_crc is not None else _crc_of(where, where.length)
     with open(where.file, "rb") as src:
         zw.copy_range(name, src, where.start, where.length, zlib.crc32(tail, crc), tail=tail)
+
+
+def _little_endian(where: ByteRange) -> ByteRange:
+    # The output says byteorder "little": copying a big-endian archive's bytes raw would change every value.
+    if where.big_endian:
+        raise RepairError(f"{where.file}: a big-endian archive (its byteorder record says 'big'); ckptfix writes "
+                          "little-endian archives only. Re-save it on this machine first: "
+                          "torch.save(torch.load(path, weights_only=True), new_path)")
+    return where
 
 
 def _crc_of(where: ByteRange, length: int) -> int:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.guard.problems import Problem
 from ckptfix.guard.resume_plan import ResumePlan
 from ckptfix.guard.setup import named_params, unwrap_optimizer
@@ -82,12 +83,19 @@ class Values:
         if file not in self._locators:
             handle = self.ckpt.handle
             if file == self.ckpt.path and hasattr(handle, "record_range"):
-                self._locators[file] = lambda storage: (lambda: handle.record_range(storage.key))
+                self._locators[file] = lambda storage: (lambda: handle.record_range(storage.key, DTYPE_SIZES[storage.dtype]))
             else:
                 from ckptfix.formats import torch_file
 
                 self._locators[file] = torch_file.load(file)[1]
         return self._locators[file]
+
+
+def _how_rows_moved(rows_by: str, rows: Any) -> str:
+    """What the row plan did, as it did it: by token string only when the rows were matched that way."""
+    if rows_by == "token":
+        return f"rows matched by token string: {rows.kept} kept at their id, {rows.moved} moved to a new id"
+    return f"rows kept by id: {rows.kept}"
 
 
 class Apply:
@@ -114,8 +122,8 @@ class Apply:
         for owner in sorted(side.used_edits):
             edit = side.repair.weights[owner]
             actions.append(f"resized {owner} {list(edit.source.shape)} -> {list(edit.new_shape)} "
-                           f"(rows kept by id; {edit.plan.dropped} dropped, {edit.plan.new} new "
-                           f"initialised by '{side.repair.init}')")
+                           f"({_how_rows_moved(side.repair.rows_by, edit.plan)}; {edit.plan.dropped} dropped, "
+                           f"{edit.plan.new} new initialised by '{side.repair.init}')")
         for lname, cname in side.load.items():
             edit = side.weight_edit(self.ckpt.tied.get(cname, cname))
             self.loaded[lname] = self._produce(edit) if edit is not None else self.ckpt.model[cname].to_torch()

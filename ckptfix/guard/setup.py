@@ -329,7 +329,9 @@ def check_training_setup(
     """Check, before the first step, that this model/optimizer/scaler can learn at all.
 
     `optimizer` may be a torch optimizer or a wrapper (accelerate); its own `.scaler` is used
-    when `scaler` is None. `scheduler` only serves to tell warmup step 0 (lr 0 is expected)
+    when `scaler` is None. An optimizer that already holds state (loaded by hand) has every moment
+    checked against its parameter's shape (CKF822), whatever its implementation (for-loop,
+    foreach, fused). `scheduler` only serves to tell warmup step 0 (lr 0 is expected)
     from a dead lr. With `raise_on_error` (default) error-level findings raise
     `TrainingSetupError` and warnings go through `warnings.warn`; otherwise all findings are
     just returned.
@@ -341,4 +343,10 @@ def check_training_setup(
         scheduler=scheduler,
     )
     problems = [p for check in SETUP_CHECKS for p in check(setup)]
+    if setup.optimizer is not None and any(setup.optimizer.state.values()):
+        # state loaded by hand (optimizer.load_state_dict): torch checks no moment's shape against its
+        # parameter, and fused AdamW steps on wrong-shaped ones (CKF822; device and dtype are CKF805's)
+        from ckptfix.guard.resume_apply import check_live_state
+
+        problems += [p for p in check_live_state(model, optimizer) if p.code == "CKF822"]
     return report_problems(problems, raise_on_error)

@@ -49,9 +49,10 @@ class ResumeGuardCallback(Callback):
         self.setup_problems = []
         schedulers = [c.scheduler for c in getattr(trainer, "lr_scheduler_configs", [])]
         for i, optimizer in enumerate(trainer.optimizers):
+            # restored state first: its errors are a ResumeError (the setup check would find them too)
+            raise_or_warn(check_live_state(pl_module, optimizer), lambda found: ResumeError(found), stacklevel=4)
             self.setup_problems += check_training_setup(pl_module, optimizer,
                                                         scheduler=schedulers[i] if i < len(schedulers) else None)
-            raise_or_warn(check_live_state(pl_module, optimizer), lambda found: ResumeError(found), stacklevel=4)
         if self.steps > 0 and len(trainer.optimizers) == 1:
             self.probe = StepProbe(pl_module, trainer.optimizers[0], steps=self.steps, unused_ok=self.unused_ok)
 

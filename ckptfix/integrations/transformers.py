@@ -3,7 +3,9 @@
     trainer = Trainer(model=model, args=args, train_dataset=ds,
                       callbacks=[ResumeGuardCallback(steps=3)])
 
-At `on_train_begin` it runs `check_training_setup` (this catches e.g. an SFTTrainer/peft run
+At `on_train_begin` it compares the Trainer's `processing_class` (or `tokenizer`) with the model's
+embedding rows (CKF824: more tokens than rows dies with `IndexError: index out of range in self` at
+the first batch holding a new token), runs `check_training_setup` (this catches e.g. an SFTTrainer/peft run
 with 0 trainable parameters before the first cryptic "does not require grad" error) and checks the
 optimizer state the Trainer restored from `resume_from_checkpoint` against the parameters (CKF822:
 wrong-shaped moments, which the fused AdamW would turn into NaN or a heap crash), then
@@ -67,8 +69,9 @@ class ResumeGuardCallback(TrainerCallback):
         self.probe = None
         self._setup_checked_with_optimizer = optimizer is not None
         if model is not None:
-            self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
+            _check_tokenizer(model, kwargs.get("processing_class") or kwargs.get("tokenizer"))
             _check_loaded_state(model, optimizer)
+            self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
         self._start_rewarm(state, optimizer)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None,
@@ -110,12 +113,29 @@ class ResumeGuardCallback(TrainerCallback):
             return None
         if not self._setup_checked_with_optimizer:
             self._setup_checked_with_optimizer = True
-            self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
             _check_loaded_state(model, optimizer)
+            self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
         if self.probe is None:
             # An accelerate-wrapped optimizer carries its GradScaler; StepProbe picks it up.
             self.probe = StepProbe(model, optimizer, steps=self.steps, unused_ok=self.unused_ok)
         return self.probe if self.probe.active else None
+
+
+def _check_tokenizer(model: Any, processing_class: Any) -> None:
+    """The Trainer's `processing_class` (or its `.tokenizer`, for a multimodal processor) against the model's
+    embedding rows (CKF824, as ResumeGuard checks it): more tokens than rows is an `IndexError: index out of
+    range in self` at the first batch holding a new token, or a device-side assert on GPU."""
+    from ckptfix.guard.live import Live
+    from ckptfix.guard.resume_plan import check_tokenizer
+
+    tokenizer = getattr(processing_class, "tokenizer", processing_class)
+    try:
+        size = len(tokenizer) if tokenizer is not None else None
+    except TypeError:  # an image or audio processor: nothing to count
+        size = None
+    if size is not None:
+        problems = check_tokenizer(Live.capture(model, tokenizer_size=size))
+        raise_or_warn(problems, lambda found: ResumeError(found), stacklevel=4)
 
 
 def _check_loaded_state(model: Any, optimizer: Any) -> None:

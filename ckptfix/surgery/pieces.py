@@ -1,374 +1,385 @@
-"""Encode a new token's text with the old tokenizer, so its new rows can start from what the model knows.
+"""Spell a new token's text in the old tokenizer's pieces, so its new rows can start from what the model knows.
 
-`--init pieces` gives a new token the mean of the rows of the old pieces its text is made of: "▁return"
-added to a sentencepiece vocabulary that spelled it "▁ret" + "urn" starts as the mean of those two rows.
+`--init pieces` gives a new token the mean of the rows of the old pieces its text is made of: " return" added
+to a tokenizer that spells it "Ġret" + "urn" starts as the mean of those two rows.
 
-Encoding reimplements the tokenizer algorithms on the vocabulary files themselves (no tokenizer library
-at repair time, no torch), and the tests cross-check them against `sentencepiece` and `tokenizers`:
-  sentencepiece .model   BPE by piece score, unigram by Viterbi over scores; user-defined symbols,
-                         byte fallback (<0xNN>), the ▁ word-start marker;
-  tokenizer.json         BPE by merge rank (byte-level Ġ or ▁/plain, byte_fallback, ignore_merges),
-                         Unigram by Viterbi, WordPiece by greedy longest match (its real algorithm).
-A token is encoded as it occurs in text: the piece "▁return" as " return", "Ġx" as " x", an added token
-as its content. Where the algorithm is not one of these, or a text only gives unknown pieces, the token
-has no pieces and gets the fallback init.
+The pieces come from the tokenizer's own library, configured as users' code gets it, never from a
+re-implementation:
+  tokenizer.json, HF folders   `tokenizers` (normalizer, pre-tokenizer, model, added tokens); a folder without
+                               tokenizer.json as transformers converts it (vocab.json + merges.txt: byte-level
+                               BPE; vocab.txt: BERT's WordPiece), with the folder's added tokens;
+  sentencepiece .model         `sentencepiece`;
+  tiktoken rank files, tekken, `tiktoken` with the pattern the family's library passes (tokenizer_formats.
+  GPT-2 vocab.bpe              TIKTOKEN_PATTERNS; tekken's own "pattern"); without `tiktoken` installed, a
+                               `tokenizers` BPE built from the same ranks and pattern (as transformers'
+                               TikTokenConverter builds one).
+Every library is handed only what ckptfix's own reader has already read and validated (bounded size, ids
+and structure; `load_tokenizer` made the TokenizerInfo from the same file), and only texts of at most
+MAX_TEXT characters. A format with no library here (CLIP's merges, RWKV's vocab, a tiktoken file of no
+known family) has no segmenter: its new rows get the fallback init and the plan says why.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
-import struct
-from dataclasses import dataclass, field
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ckptfix.protobuf import fields as _fields
-from ckptfix.tokenizer_formats import BYTE_ALPHABET
+from ckptfix.tokenizer_formats import BYTE_ALPHABET, TIKTOKEN_PATTERNS
 
 META = "\u2581"  # sentencepiece's word-start marker
-_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-# GPT-2's pre-tokenizer with Python's `re` (no \p classes): letters are [^\W\d_], "_" is punctuation there.
-_GPT2_SPLIT = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?(?:[^\s\w]|_)+|\s+(?!\S)|\s+""")
-_UNK_PENALTY = 10.0  # both libraries score an unknown character at min(score) - 10
+MAX_TEXT = 256  # longer token texts get no pieces: bounded work per token whatever the tokenizer's patterns
+_BYTE_VALUE = {c: b for b, c in enumerate(BYTE_ALPHABET)}
+_BYTE_LEVEL_KINDS = ("tekken", "rwkv", "gpt2-bpe", "vocab.json", "clip-bpe")
 
 
-@lru_cache(maxsize=1)
-def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable character table (`bytes_to_unicode`): bytes that print stay."""
-    return dict(enumerate(BYTE_ALPHABET))
-
-
-@dataclass
+@dataclass(frozen=True)
 class Segmenter:
-    """One tokenizer's segmentation model: enough to encode a short text into its ids."""
+    """One tokenizer's encoder, as its library runs it: the seam the tests compare with the library."""
 
-    algorithm: str  # "bpe-scores" (sentencepiece BPE) | "bpe-merges" | "unigram" | "wordpiece"
-    vocab: dict[str, int]  # pieces the algorithm may produce
-    space: str  # "meta": spaces are ▁; "byte": GPT-2 byte-level; "plain"
-    scores: dict[int, float] = field(default_factory=dict)
-    merges: dict[tuple[str, str], int] = field(default_factory=dict)
-    byte_ids: dict[int, int] = field(default_factory=dict)  # byte value -> id of its <0xNN> piece
-    user_defined: tuple[str, ...] = ()  # matched whole before the algorithm runs (longest first)
-    unk_id: int | None = None
-    ignore_merges: bool = False
-    prefix: str = "##"  # WordPiece continuation marker
-    unusable: frozenset[int] = frozenset()  # unknown/control ids: never a useful piece
-    fuse_unk: bool = True  # consecutive unknown characters make one unknown piece
-
-    def encode(self, text: str) -> list[int]:
-        """Ids of `text` as this tokenizer segments it where it occurs inside a longer text (no dummy
-        prefix, no normalisation beyond the space convention)."""
-        out: list[int] = []
-        for word in self._words(text):
-            out.extend(self._encode_word(word))
-        return out
-
-    def _words(self, text: str) -> list[str]:
-        if self.space == "byte":
-            table = byte_to_unicode()
-            return ["".join(table[b] for b in w.encode()) for w in _GPT2_SPLIT.findall(text)]
-        if self.space == "meta":
-            text = text.replace(" ", META)
-            chunks = re.split(f"(?={META})", text)  # sentencepiece splits before every word-start marker
-        elif self.algorithm == "wordpiece":  # BERT's pre-tokenizer: whitespace and each punctuation mark
-            chunks = re.findall(r"\w+|[^\w\s]", text)
-        else:
-            chunks = text.split()
-        words: list[str] = []
-        for chunk in filter(None, chunks):
-            words.extend(self._split_user_defined(chunk))
-        return words
-
-    def _split_user_defined(self, chunk: str) -> list[str]:
-        if not self.user_defined:
-            return [chunk]
-        parts, pos, start = [], 0, 0
-        while pos < len(chunk):
-            hit = next((u for u in self.user_defined if chunk.startswith(u, pos)), None)
-            if hit is None:
-                pos += 1
-                continue
-            parts += [chunk[start:pos], hit] if pos > start else [hit]
-            pos = start = pos + len(hit)
-        if start < len(chunk):
-            parts.append(chunk[start:])
-        return parts
-
-    def _encode_word(self, word: str) -> list[int]:
-        if word in self.user_defined:
-            return [self.vocab[word]]
-        if self.algorithm == "wordpiece":
-            return self._wordpiece(word)
-        if self.algorithm == "unigram":
-            symbols = self._viterbi(word)
-        elif self.ignore_merges and word in self.vocab:
-            symbols = [word]
-        else:
-            symbols = self._bpe(word)
-        out: list[int] = []
-        for s in symbols:
-            if s in self.vocab:
-                out.append(self.vocab[s])
-            elif self.byte_ids:
-                out.extend(self.byte_ids[b] for b in s.encode())
-            elif self.unk_id is not None and not (self.fuse_unk and out[-1:] == [self.unk_id]):
-                out.append(self.unk_id)
-        return out
-
-    def _bpe(self, word: str) -> list[str]:
-        """Merge adjacent symbols, best first (highest score / lowest rank), leftmost on ties."""
-        symbols = list(word)
-        while len(symbols) > 1:
-            best, where = None, -1
-            for i in range(len(symbols) - 1):
-                rank = self._pair_rank(symbols[i], symbols[i + 1])
-                if rank is not None and (best is None or rank < best):
-                    best, where = rank, i
-            if best is None:
-                break
-            symbols[where:where + 2] = [symbols[where] + symbols[where + 1]]
-        return symbols
-
-    def _pair_rank(self, a: str, b: str) -> float | None:
-        if self.algorithm == "bpe-merges":
-            return self.merges.get((a, b))
-        merged = self.vocab.get(a + b)
-        return None if merged is None else -self.scores[merged]
-
-    def _viterbi(self, word: str) -> list[str]:
-        """Best-scoring segmentation; an unknown character costs min(score) - 10, as both libraries do."""
-        unk_score = min(self.scores.values(), default=0.0) - _UNK_PENALTY
-        longest = max(map(len, self.vocab), default=1)
-        best: list[tuple[float, int]] = [(0.0, 0)] + [(-math.inf, 0)] * len(word)
-        for end in range(1, len(word) + 1):
-            for start in range(max(0, end - longest), end):
-                piece = word[start:end]
-                token_id = self.vocab.get(piece)
-                if token_id is not None:
-                    score = self.scores.get(token_id, 0.0)
-                elif end - start == 1:
-                    score = unk_score
-                else:
-                    continue
-                if best[start][0] + score > best[end][0]:
-                    best[end] = (best[start][0] + score, start)
-        pieces, end = [], len(word)
-        while end > 0:
-            start = best[end][1]
-            pieces.append(word[start:end])
-            end = start
-        return pieces[::-1]
-
-    def _wordpiece(self, word: str) -> list[int]:
-        out, start = [], 0
-        while start < len(word):
-            for end in range(len(word), start, -1):
-                piece = word[start:end] if start == 0 else self.prefix + word[start:end]
-                if piece in self.vocab:
-                    out.append(self.vocab[piece])
-                    start = end
-                    break
-            else:
-                return [self.unk_id] if self.unk_id is not None else []
-        return out
-
-    def token_text(self, token: str) -> str | None:
-        """The text a piece of this tokenizer stands for (None: a byte piece that is not a whole character)."""
-        if self.space == "byte":
-            back = {c: b for b, c in byte_to_unicode().items()}
-            if all(c in back for c in token):
-                return bytes(back[c] for c in token).decode("utf-8", errors="replace")
-            return token
-        if _BYTE_PIECE.match(token):
-            value = int(token[3:5], 16)
-            return chr(value) if value < 0x80 else None
-        if self.algorithm == "wordpiece" and token.startswith(self.prefix):
-            return token[len(self.prefix):]
-        return token.replace(META, " ") if self.space == "meta" else token
+    encode: Callable[[str], list[int]]  # ids of a text, no BOS/EOS or other template tokens
+    unusable: frozenset[int]  # special, control and unknown ids: never a useful piece
+    library: str  # what encodes, for reports and the agreement table
 
 
-def load_segmenter(info: Any) -> Segmenter | None:
-    """The segmentation model of a `TokenizerInfo` (read from its source file), or None where the file's
-    algorithm is one this module does not implement (WordLevel, unusual BPE options)."""
-    from ckptfix.errors import CkptfixError
-    from ckptfix.untrusted import MAX_TOKENIZER_BYTES, parse_json, read_bounded
+def load_segmenter(info: Any, without: frozenset[str] = frozenset()) -> Segmenter | None:
+    """The encoder of a `TokenizerInfo`'s tokenizer, leaving out the added tokens in `without`; None where
+    ckptfix has no library for its format (`why_no_segmenter` says why)."""
+    return _load(_unwrap(info), without)
 
-    source = Path(info.source)
-    try:  # the input boundary's reads: regular file, bounded size, digits and nesting
-        data = read_bounded(source, MAX_TOKENIZER_BYTES, what="tokenizer file")
-        if info.kind == "sentencepiece" or source.suffix == ".model":
-            return _sentencepiece(data)
-        doc = parse_json(data, str(source))
+
+def why_no_segmenter(info: Any) -> str | None:
+    """Why `load_segmenter(info)` is None (None when it is not)."""
+    info = _unwrap(info)
+    if _load(info, frozenset()) is not None:
+        return None
+    if info.kind in ("clip-bpe", "rwkv"):
+        return f"ckptfix has no segmenter for {info.kind} files (their libraries, open_clip / rwkv, are not dependencies)"
+    if info.kind == "tiktoken:tiktoken":
+        return "a tiktoken file of no known family: its pre-tokenizer pattern is unknown"
+    if info.kind == "vocab.json":
+        return "a vocab.json without merges.txt / vocab.bpe beside it cannot be encoded"
+    return (f"the library built from {info.source} numbers its added tokens otherwise than the files declare, "
+            "or a file it needs is malformed")
+
+
+@lru_cache(maxsize=4)
+def _load(info: Any, without: frozenset[str]) -> Segmenter | None:
+    """A file its own library refuses is refused here too (exit 2, the library's words): users' code could
+    not load it either, so its pieces are not something to guess around."""
+    from ckptfix.errors import CkptfixError, TokenizerError
+
+    problem: BaseException
+    try:
+        return _build(info, without)
     except CkptfixError:
-        return None
-    if source.name == "vocab.json":
-        merges = source.with_name("merges.txt")
-        try:
-            return _gpt2_files(doc, merges) if merges.is_file() else None
-        except CkptfixError:
+        raise
+    except Exception as exc:
+        problem = exc
+    except BaseException as exc:  # a Rust panic in `tokenizers` is a BaseException (pyo3's PanicException)
+        if type(exc).__name__ != "PanicException":
+            raise
+        problem = exc
+    words = " ".join(str(problem).split())[:300] or type(problem).__name__
+    raise TokenizerError(f"{info.source}: its tokenizer library cannot load it for --init pieces: {words}")
+
+
+def _build(info: Any, without: frozenset[str]) -> Segmenter | None:
+    kind, source = info.kind, Path(info.source)
+    if kind.startswith("tiktoken:") or kind in ("tekken", "gpt2-bpe"):
+        return _tiktoken(info)
+    if kind == "sentencepiece" or source.suffix == ".model" or ".model." in source.name:
+        return _sentencepiece(info, source)
+    if source.name.endswith(".json") and kind in ("tokenizer.json", "hf-folder") and source.name != "vocab.json":
+        return _tokenizer_json(info, source, without)
+    if kind == "wordpiece" or source.name == "vocab.txt":
+        return _with_added(_wordpiece(info, source), info, without, "tokenizers (WordPiece, as BertTokenizer)")
+    if source.name in ("vocab.json", "encoder.json") or kind == "vocab.json":
+        merges = next((source.with_name(n) for n in ("merges.txt", "vocab.bpe") if source.with_name(n).is_file()), None)
+        if merges is None:
             return None
-    return _tokenizer_json(_checked_tokenizer_json(doc, str(source))) if isinstance(doc, dict) else None
+        return _with_added(_byte_level_bpe(info, source, merges), info, without, "tokenizers (byte-level BPE, as GPT2Tokenizer)")
+    return None
 
 
-def _checked_tokenizer_json(doc: dict, origin: str) -> dict:
-    """The fields `_tokenizer_json` takes, checked where they are taken in (the vocabulary reader checked
-    the vocab and ids; merges, unk settings and added-token flags are read only here)."""
+# ------------------------------------------------------------------------------------------ the libraries
+
+
+def _read(source: Path) -> bytes:
     from ckptfix.errors import TokenizerError
-
-    def bad(field: str, expected: str, value: Any) -> TokenizerError:
-        return TokenizerError(str(fail(origin, field, expected, value)))
-
-    from ckptfix.untrusted import fail
-
-    model = doc.get("model") or {}
-    if not isinstance(model, dict):
-        raise bad("model", "a JSON object", model)
-    merges = model.get("merges") or []
-    if not isinstance(merges, list) or not all(
-            isinstance(m, str) or isinstance(m, list) and len(m) == 2 and all(isinstance(x, str) for x in m)
-            for m in merges):
-        raise bad("model.merges", "a list of 'a b' strings or [a, b] pairs", merges)
-    for key in ("unk_token", "continuing_subword_prefix", "end_of_word_suffix"):
-        if model.get(key) is not None and not isinstance(model[key], str):
-            raise bad(f"model.{key}", "a string", model[key])
-    if model.get("unk_id") is not None and (isinstance(model["unk_id"], bool) or not isinstance(model["unk_id"], int)):
-        raise bad("model.unk_id", "an integer", model["unk_id"])
-    vocab = model.get("vocab")
-    if model.get("type") == "Unigram" and isinstance(vocab, list) and not all(
-            isinstance(e, list) and len(e) >= 2 and isinstance(e[0], str) and isinstance(e[1], (int, float))
-            and not isinstance(e[1], bool) for e in vocab):
-        raise bad("model.vocab", "[piece, score] entries", vocab)
-    added = doc.get("added_tokens") or []
-    if not isinstance(added, list) or not all(
-            isinstance(t, dict) and (not t.get("special") or isinstance(t.get("id"), int)) for t in added):
-        raise bad("added_tokens", "a list of token objects with integer ids", added)
-    return doc
-
-
-def _tokenizer_json(doc: dict) -> Segmenter | None:
-    model = doc.get("model") or {}
-    kind, vocab = model.get("type"), model.get("vocab")
-    space = _space_convention(doc)
-    if kind == "BPE" and isinstance(vocab, dict):
-        if model.get("continuing_subword_prefix") or model.get("end_of_word_suffix") or model.get("dropout"):
-            return None
-        merges: dict[Any, int] = {}
-        for rank, m in enumerate(model.get("merges") or []):
-            pair = tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) if isinstance(m, list) else ()
-            if len(pair) == 2 and all(isinstance(p, str) for p in pair):  # a merge is two strings; skip damage
-                merges.setdefault(pair, rank)
-        seg = Segmenter("bpe-merges", dict(vocab), space, merges=merges, ignore_merges=bool(model.get("ignore_merges")))
-        if model.get("byte_fallback"):
-            seg.byte_ids = _byte_ids(vocab)
-        seg.unk_id = vocab.get(model.get("unk_token")) if model.get("unk_token") else None
-        seg.fuse_unk = bool(model.get("fuse_unk"))
-    elif kind == "Unigram" and isinstance(vocab, list):
-        pieces = {entry[0]: i for i, entry in enumerate(vocab)}
-        seg = Segmenter("unigram", pieces, space, scores={i: float(e[1]) for i, e in enumerate(vocab)})
-        seg.unk_id = model.get("unk_id")
-        if model.get("byte_fallback"):
-            seg.byte_ids = _byte_ids(pieces)
-        if seg.unk_id is not None:
-            seg.vocab = {p: i for p, i in pieces.items() if i != seg.unk_id}
-    elif kind == "WordPiece" and isinstance(vocab, dict):
-        seg = Segmenter("wordpiece", dict(vocab), "plain", prefix=model.get("continuing_subword_prefix") or "##")
-        seg.unk_id = vocab.get(model.get("unk_token"))
-    else:
-        return None
-    specials = {t["id"] for t in doc.get("added_tokens") or [] if isinstance(t, dict) and t.get("special")}
-    seg.unusable = frozenset(specials | ({seg.unk_id} if seg.unk_id is not None else set()))
-    return seg
-
-
-def _space_convention(doc: dict) -> str:
-    text = json.dumps([doc.get("pre_tokenizer"), doc.get("normalizer"), doc.get("decoder")])
-    if '"ByteLevel"' in text:
-        return "byte"
-    return "meta" if '"Metaspace"' in text or META in text else "plain"
-
-
-def _byte_ids(vocab: dict[str, int]) -> dict[int, int]:
-    return {int(p[3:5], 16): i for p, i in vocab.items() if _BYTE_PIECE.match(p)}
-
-
-def _gpt2_files(vocab: dict, merges_path: Path) -> Segmenter:
     from ckptfix.untrusted import MAX_TOKENIZER_BYTES, read_bounded
 
-    lines = read_bounded(merges_path, MAX_TOKENIZER_BYTES, what="merges file").decode("utf-8", "replace").splitlines()
-    merges: dict[tuple[str, str], int] = {}
-    for rank, line in enumerate(x for x in lines if x and not x.startswith("#version")):
-        pair = tuple(line.split(" "))
-        if len(pair) == 2:
-            merges.setdefault(pair, rank)
-    return Segmenter("bpe-merges", dict(vocab), "byte", merges=merges)
+    return read_bounded(source, MAX_TOKENIZER_BYTES, what="tokenizer file", error=TokenizerError)
 
 
-# sentencepiece ModelProto: 1 pieces {1 piece, 2 score, 3 type}, 2 trainer_spec {3 model_type, 35 byte_fallback}
-_SP_NORMAL, _SP_UNKNOWN, _SP_CONTROL, _SP_USER, _SP_UNUSED, _SP_BYTE = 1, 2, 3, 4, 5, 6
+def _sentencepiece(info: Any, source: Path) -> Segmenter | None:
+    import sentencepiece
+
+    from ckptfix.tokenizers import _is_sentencepiece_proto
+
+    data = _read(source)
+    if not _is_sentencepiece_proto(data):  # the same walk load_tokenizer did before sentencepiece saw it
+        return None
+    sp = sentencepiece.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(data)
+    unusable = frozenset(i for i in range(sp.get_piece_size()) if sp.is_control(i) or sp.is_unknown(i))
+    return Segmenter(lambda text: list(sp.encode(text)), unusable | _specials(info), "sentencepiece")
 
 
-def _sentencepiece(data: bytes) -> Segmenter | None:
-    pieces: list[tuple[str, float, int]] = []
-    model_type = 1
+def _tokenizer_json(info: Any, source: Path, without: frozenset[str]) -> Segmenter | None:
+    import json
+
+    from tokenizers import Tokenizer
+
+    from ckptfix.untrusted import parse_json
+
+    data = _read(source)
+    if without:  # the new tokenizer spelling its own new tokens: those tokens must not spell themselves
+        doc = parse_json(data, str(source))
+        doc["added_tokens"] = [t for t in doc.get("added_tokens") or [] if t.get("content") not in without]
+        tok = Tokenizer.from_str(json.dumps(doc))
+    else:
+        tok = Tokenizer.from_str(data.decode("utf-8"))
+    library = "tokenizers"
+    # transformers 5's AutoTokenizer builds a LlamaTokenizer for a folder that declares one, unless its
+    # tokenizer.json is byte-level (Llama 3, DeepSeek-V3 declare it too): then the file's own pipeline.
+    if (info.kind == "hf-folder" and _spelling(info) != "byte"
+            and _folder_value(info, "tokenizer_class", "") in ("LlamaTokenizer", "LlamaTokenizerFast")):
+        _as_transformers_llama(tok, info)
+        library = "tokenizers (pipeline as transformers' LlamaTokenizer)"
+    return _with_added(tok, info, without, library)
+
+
+def _as_transformers_llama(tok: Any, info: Any) -> None:
+    """transformers 5's LlamaTokenizer keeps the file's vocabulary and merges but sets its own pipeline
+    (models/llama/tokenization_llama.py): no normalizer, a Metaspace pre-tokenizer prepending ▁ to every
+    text ("always") when the config says legacy, to the first word only ("first") otherwise, never without
+    add_prefix_space (tokenization_utils_base._get_prepend_scheme)."""
+    from tokenizers import pre_tokenizers
+
+    if not _folder_value(info, "add_prefix_space", True):
+        scheme = "never"
+    else:
+        scheme = "always" if _folder_value(info, "legacy", False) else "first"
+    tok.normalizer = None
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=META, prepend_scheme=scheme, split=False)
+
+
+def _byte_level_bpe(info: Any, vocab_file: Path, merges_file: Path) -> Any:
+    """GPT-2's vocab.json + merges.txt as transformers' GPT2Tokenizer builds its `tokenizers` backend."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from ckptfix.tokenizers import decode_text
+
+    vocab = {t: i for i, t in enumerate(info.base_tokens) if t is not None}
+    lines = decode_text(merges_file, _read(merges_file)).split("\n")
+    pairs = [line.split(" ") for line in lines if line and not line.startswith("#version")]
+    if not all(len(m) == 2 for m in pairs):
+        return None
+    merges = [(a, b) for a, b in pairs]
+    tok = Tokenizer(models.BPE(vocab, merges, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=_folder_value(info, "add_prefix_space", False))
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _wordpiece(info: Any, source: Path) -> Any:
+    """A vocab.txt as transformers' BertTokenizer builds its `tokenizers` backend (lowercase unless the folder's
+    config says do_lower_case false; Chinese characters split; [UNK] for unknown words)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(info.base_tokens) if t is not None}
+    if "[UNK]" not in vocab:
+        return None
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                                lowercase=_folder_value(info, "do_lower_case", True))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    return tok
+
+
+def _folder_value(info: Any, key: str, default: Any) -> Any:
+    """A value of the folder's tokenizer_config.json (its reader's bounded JSON), of `default`'s type."""
+    from ckptfix.tokenizers import _read_optional_json
+
+    if info.kind != "hf-folder":
+        return default
+    value = _read_optional_json(Path(info.path) / "tokenizer_config.json").get(key, default)
+    return value if isinstance(value, type(default)) else default
+
+
+def _with_added(tok: Any, info: Any, without: frozenset[str], library: str) -> Segmenter | None:
+    """A backend built from vocabulary files plus the added tokens ckptfix read beside them (the folder's
+    config, named specials, tokens a family adds in code), at the ids ckptfix gave them."""
+    if tok is None:
+        return None
+    from tokenizers import AddedToken
+
+    for _, content, special in info.added_tokens:
+        if content not in without and tok.token_to_id(content) is None:
+            tok.add_tokens([AddedToken(content, special=special, normalized=not special)])
+    return _finish(tok, info, without, library)
+
+
+def _finish(tok: Any, info: Any, without: frozenset[str], library: str) -> Segmenter | None:
+    # The library's ids must be ckptfix's: a folder whose config declares added tokens the library would
+    # number otherwise gets no pieces rather than wrong rows.
+    if any(tok.token_to_id(content) != token_id for token_id, content, _ in info.added_tokens if content not in without):
+        return None
+    unk = getattr(tok.model, "unk_token", None)
+    unusable = _specials(info) | ({tok.token_to_id(unk)} if unk and tok.token_to_id(unk) is not None else set())
+    return Segmenter(lambda text: tok.encode(text, add_special_tokens=False).ids, frozenset(unusable), library)
+
+
+def _specials(info: Any) -> frozenset[int]:
+    return frozenset(token_id for token_id, _, special in info.added_tokens if special)
+
+
+# ------------------------------------------------------------------------------------------ tiktoken ranks
+
+
+def _tiktoken(info: Any) -> Segmenter | None:
+    pattern, nfc = _rank_pattern(info)
+    if pattern is None:
+        return None
+    ranks = {bytes(_BYTE_VALUE[c] for c in t): i for i, t in enumerate(info.base_tokens)
+             if t and all(c in _BYTE_VALUE for c in t)}
     try:
-        for number, value in _fields(data):
-            if number in (1, 2) and not isinstance(value, bytes):
-                return None  # a damaged file: pieces and trainer_spec are messages
-            if number == 1:
-                entry = dict(_fields(value))  # type: ignore[arg-type]
-                piece, score, kind = entry.get(1, b""), entry.get(2, 0.0), entry.get(3, _SP_NORMAL)
-                if not (isinstance(piece, bytes) and isinstance(score, float) and isinstance(kind, int)):
-                    return None
-                pieces.append((piece.decode(), score, kind))
-            elif number == 2:
-                spec_type = dict(_fields(value)).get(3, 1)  # type: ignore[arg-type]
-                model_type = spec_type if isinstance(spec_type, int) else -1
-    except (ValueError, IndexError, UnicodeDecodeError, struct.error):
-        return None
-    if model_type not in (1, 2):  # WORD and CHAR models: not worth a segmenter of their own
-        return None
-    vocab = {p: i for i, (p, _, t) in enumerate(pieces) if t in (_SP_NORMAL, _SP_USER)}
-    seg = Segmenter("unigram" if model_type == 1 else "bpe-scores", vocab, "meta",
-                    scores={i: s for i, (_, s, t) in enumerate(pieces) if t == _SP_NORMAL})
-    for i, (p, _, t) in enumerate(pieces):
-        if t == _SP_USER:
-            seg.scores[i] = len(p) * max(seg.scores.values(), default=0.0) - 0.1  # as unigram_model.cc does
-    seg.user_defined = tuple(sorted((p for p, _, t in pieces if t == _SP_USER), key=len, reverse=True))
-    seg.byte_ids = {int(p[3:5], 16): i for i, (p, _, t) in enumerate(pieces) if t == _SP_BYTE}
-    seg.unk_id = next((i for i, (_, _, t) in enumerate(pieces) if t == _SP_UNKNOWN), None)
-    seg.unusable = frozenset(i for i, (_, _, t) in enumerate(pieces) if t in (_SP_UNKNOWN, _SP_CONTROL))
-    return seg
+        import tiktoken
+    except ImportError:
+        encode, library = _bpe_from_ranks(ranks, pattern), "tokenizers (BPE from the tiktoken ranks)"
+    else:
+        enc = tiktoken.Encoding(f"ckptfix-{info.kind}", pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+        encode, library = enc.encode_ordinary, "tiktoken"
+    if nfc:  # Qwen's tokenizers normalize to NFC before tiktoken sees the text
+        inner = encode
+        encode = lambda text: inner(unicodedata.normalize("NFC", text))  # noqa: E731
+    return Segmenter(encode, _specials(info), library)
 
 
+def _rank_pattern(info: Any) -> tuple[str | None, bool]:
+    if info.kind == "gpt2-bpe":  # tiktoken's gpt2 encoding reads vocab.bpe with r50k's pattern
+        return TIKTOKEN_PATTERNS["r50k_base"]
+    if info.kind == "tekken":  # mistral_common's Tekkenizer passes the file's own config.pattern to tiktoken
+        from ckptfix.untrusted import parse_json
+
+        pattern = parse_json(_read(Path(info.source)), info.source).get("config", {}).get("pattern")
+        return (pattern, False) if isinstance(pattern, str) else (None, False)
+    return TIKTOKEN_PATTERNS.get(info.kind.split(":", 1)[1], (None, False))
 
 
+def _bpe_from_ranks(ranks: dict[bytes, int], pattern: str) -> Callable[[str], list[int]]:
+    """tiktoken's byte-pair merge as a `tokenizers` BPE: every split of a token into two tokens is a merge,
+    ranked by the token's rank (tiktoken merges the adjacent pair whose concatenation ranks lowest); a whole
+    pre-token that is a token is kept (ignore_merges), as tiktoken does."""
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+
+    def text(raw: bytes) -> str:
+        return "".join(BYTE_ALPHABET[b] for b in raw)
+
+    merges = sorted((rank, ranks[raw[:i]], text(raw[:i]), text(raw[i:])) for raw, rank in ranks.items()
+                    for i in range(1, len(raw)) if raw[:i] in ranks and raw[i:] in ranks)
+    tok = Tokenizer(models.BPE({text(raw): rank for raw, rank in ranks.items()}, [(a, b) for *_, a, b in merges],
+                               ignore_merges=True))
+    # Oniguruma (tokenizers' regex engine) reads tiktoken's possessive `\p{N}{1,3}+` as `(\p{N}{1,3})+`, any
+    # number of digits; greedy is the same match there (nothing follows it inside its alternative).
+    pattern = re.sub(r"(\{[0-9]+(?:,[0-9]*)?\})\+", r"\1", pattern)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(pattern), "isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    return lambda s: tok.encode(s, add_special_tokens=False).ids
+
+
+# ------------------------------------------------------------------------------------------ new rows
+
+
+def token_text(info: Any, token: str) -> str | None:
+    """The text a base-vocabulary token of `info` stands for, by its vocabulary's spelling convention:
+    GPT-2's byte alphabet ("Ġreturn": " return"), sentencepiece's ▁ and <0xNN> pieces, WordPiece's ##."""
+    spelling = _spelling(info)
+    if spelling == "byte":
+        if all(c in _BYTE_VALUE for c in token):
+            return bytes(_BYTE_VALUE[c] for c in token).decode("utf-8", errors="replace")
+        return token
+    if spelling == "wordpiece" and token.startswith("##"):
+        return token[2:]
+    if token.startswith("<0x") and token.endswith(">") and len(token) == 6:  # a byte-fallback piece
+        value = int(token[3:5], 16) if all(c in "0123456789abcdefABCDEF" for c in token[3:5]) else 0x80
+        return chr(value) if value < 0x80 else None
+    return token.replace(META, " ") if spelling == "meta" else token
+
+
+@lru_cache(maxsize=4)
+def _spelling(info: Any) -> str:
+    kind, source = info.kind, Path(info.source)
+    if kind.startswith("tiktoken:") or kind in _BYTE_LEVEL_KINDS or source.name in ("vocab.json", "encoder.json"):
+        return "byte"
+    if kind == "sentencepiece" or source.suffix == ".model":
+        return "meta"
+    if kind == "wordpiece" or source.name == "vocab.txt":
+        return "wordpiece"
+    from ckptfix.errors import CkptfixError
+    from ckptfix.untrusted import parse_json
+
+    try:  # a tokenizer.json: its decoder (or pre-tokenizer, normalizer) names the convention
+        doc = parse_json(_read(source), str(source))
+    except CkptfixError:
+        return "plain"
+    parts = str([doc.get(k) for k in ("decoder", "pre_tokenizer", "normalizer")] if isinstance(doc, dict) else "")
+    if "'ByteLevel'" in parts:
+        return "byte"
+    if "'WordPiece'" in parts:
+        return "wordpiece"
+    return "meta" if "'Metaspace'" in parts or META in parts else "plain"
+
+
+def spell(segmenter: Segmenter, text: str) -> list[int]:
+    """Ids of `text` where it occurs after a word, not at the start of a document: a tokenizer that puts a
+    word-start marker before the first word (sentencepiece's dummy prefix, a Metaspace prepend) would spell
+    " return" there as "▁" + "▁return". Encoded after "a" and that prefix's ids dropped, as transformers'
+    non-legacy Llama/T5 tokenizers drop theirs; the text alone where "a" merges into it."""
+    head = segmenter.encode("a")
+    ids = segmenter.encode("a" + text)
+    if head and ids[:len(head)] == head:
+        return ids[len(head):]
+    return segmenter.encode(text)
 
 
 def piece_rows(source: np.ndarray, new_tok: Any, old_tok: Any, old_rows: int) -> dict[int, tuple[int, ...]]:
     """For every new row (source == -1) whose token's text the old tokenizer can spell: the old rows of
-    those pieces. `old_tok` None: the new tokenizer's own base model spells it, with only rows kept by id
-    (a tokenizer grown by `add_tokens`: its base model is the old tokenizer)."""
-    new_seg = load_segmenter(new_tok)
-    old_seg = load_segmenter(old_tok) if old_tok is not None else new_seg
+    those pieces. `old_tok` None: the new tokenizer spells it without its new added tokens, with only rows
+    kept by id (a tokenizer grown by `add_tokens`: its base model is the old tokenizer)."""
+    new_rows = np.flatnonzero(source < 0).tolist()
+    if not new_rows:
+        return {}
+    new_tok, old_tok = _unwrap(new_tok), _unwrap(old_tok)
+    new_table = new_tok.id_to_token()
+    added = {token_id: content for token_id, content, _ in new_tok.added_tokens}
+    without = frozenset(added[j] for j in new_rows if j in added) if old_tok is None else frozenset()
+    old_seg = load_segmenter(old_tok if old_tok is not None else new_tok, without)
     if old_seg is None:
         return {}
-    new_table = new_tok.id_to_token()
-    added = {token_id for token_id, _, _ in new_tok.added_tokens}
     out: dict[int, tuple[int, ...]] = {}
-    for j in np.flatnonzero(source < 0).tolist():
+    for j in new_rows:
         token = new_table[j] if j < len(new_table) else None
         if token is None or token in new_tok.special_tokens:
             continue
-        text = token if j in added or new_seg is None else new_seg.token_text(token)
-        if not text:
+        text = token if j in added else token_text(new_tok, token)
+        if not text or len(text) > MAX_TEXT:
             continue
-        ids = [i for i in old_seg.encode(text) if i not in old_seg.unusable and 0 <= i < old_rows
+        ids = [i for i in spell(old_seg, text) if i not in old_seg.unusable and 0 <= i < old_rows
                and (old_tok is not None or source[i] == i)]
         if ids:
             out[j] = tuple(ids)
     return out
+
+
+def _unwrap(tok: Any) -> Any:
+    """The TokenizerInfo inside the guard's resize target (`resume_plan._Target.tokens`), else `tok` itself."""
+    inner = getattr(tok, "tokens", None)
+    return inner if inner is not None else tok

@@ -26,7 +26,7 @@ from ckptfix.optim_state import Refusal, action_for, describe, state_keys, unrem
 from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import megatron_padding, recorded_padding, recorded_rows
 from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
-from ckptfix.surgery.pieces import piece_rows
+from ckptfix.surgery.pieces import piece_rows, why_no_segmenter
 from ckptfix.surgery.rows import (
     RowPlan,
     apply_plan,
@@ -139,7 +139,7 @@ class TensorEdit:
             return None  # a damaged record: `produce` reports it
         row_bytes = src.nbytes // src.shape[0]
         tail = self._new_rows(self.plan.new_rows - keep, init, std, rng)
-        return Spliced(ByteRange(where.file, start, keep * row_bytes), tail)
+        return Spliced(ByteRange(where.file, start, keep * row_bytes, where.big_endian), tail)
 
     def _new_rows(self, count: int, init: str, std: float, rng: np.random.Generator) -> Any:
         src, fill = self.source, self.fill or fill_for(init, self.moment_key, self.role, self.tied)
@@ -328,8 +328,8 @@ def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[
         return None, "id", notes
     evidence = data_evidence(tokenizer, rows, report.ckpt.extras.get("config"))
     if evidence:
-        raise RepairError(f"{evidence[0].message}. Pass --from-tokenizer OLD (the tokenizer the checkpoint was "
-                          "trained with) to move rows by token string, or --keep-ids if the ids really are unchanged")
+        raise RepairError(f"{evidence[0].message}. Pass from_tokenizer=OLD (the tokenizer the checkpoint was "
+                          "trained with) to move rows by token string, or keep_ids=True if the ids really are unchanged")
     notes.append(f"rows kept by id: the tokenizer the checkpoint's {rows} rows were trained with is not known, "
                  f"and keeping ids is right only if {tokenizer.path} appends to it; pass --from-tokenizer OLD "
                  "to move rows by token string")
@@ -467,6 +467,11 @@ def _note_pieces(plan: RepairPlan) -> None:
     if edit is None or not edit.plan.new:
         return
     spelled = len(edit.plan.pieces)
+    why = why_no_segmenter(plan.from_tokenizer or plan.tokenizer) if not spelled else None
+    if why is not None:
+        plan.notes.append(f"--init pieces: no new row has pieces ({why}); all {edit.plan.new} start from the "
+                          "mean with small noise")
+        return
     plan.notes.append(f"--init pieces: {spelled} of {edit.plan.new} new row(s) start from the mean of their "
                       f"text's old pieces; {edit.plan.new - spelled} (no usable pieces) from the mean with small noise")
 
