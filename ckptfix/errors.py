@@ -14,7 +14,7 @@ class UnreadableCheckpoint(CkptfixError):
 class UnsafePickle(CkptfixError):
     """A pickle needs globals outside the allowlist; loading it could execute code."""
 
-    def __init__(self, path: str, globals_needed: list[str], calls: list[str] | None = None):
+    def __init__(self, path: str, globals_needed: list[str], calls: list[str] | None = None, *, hint: bool = True):
         self.path = path
         self.globals_needed = sorted(set(globals_needed))
         self.calls = list(calls or [])
@@ -22,7 +22,8 @@ class UnsafePickle(CkptfixError):
         would = f"; loading it would call {', '.join(self.calls)}" if self.calls else ""
         super().__init__(
             f"{path}: refusing to unpickle: it needs globals outside the safe allowlist ({names}){would}; "
-            "loading it could execute code. Pass trust_pickle=True only if you trust its author."
+            "loading it could execute code. " + ("Pass trust_pickle=True only if you trust its author." if hint else
+                                                 "--trust-pickle does not apply: this file is only ever read as data.")
         )
 
 

@@ -71,13 +71,16 @@ def row_multiple(rows: int) -> int | None:
     return next((m for m in ROUND_MULTIPLES if rows > 0 and rows % m == 0), None)
 
 
-def fit_rows(rows: int, tokens: int, config_vocab: int | None = None) -> Fit:
+def fit_rows(rows: int, tokens: int, config_vocab: int | None = None, multiple: int | None = None) -> Fit:
     """Decide how `rows` vocab rows fit a tokenizer of `tokens` ids; `config_vocab` is the checkpoint
-    config's recorded `vocab_size` (None when there is no config)."""
+    config's recorded `vocab_size` (None when there is no config); `multiple` the padding multiple the
+    checkpoint records (Megatron's make_vocab_size_divisible_by x TP), named when it gives the rows."""
     if rows < tokens:
         return Fit("too-few", rows, tokens)
     if rows == tokens:
         return Fit("clean", rows, tokens)
+    if multiple and padded_size(tokens, multiple) == rows:
+        return Fit("padded", rows, tokens, multiple)
     padded = next((m for m in PADDING_MULTIPLES if padded_size(tokens, m) == rows), None)
     if padded is not None:
         return Fit("padded", rows, tokens, padded)

@@ -125,6 +125,20 @@ def recorded_padding(extras: dict[str, Any], rows: int) -> int | None:
     return None
 
 
+def megatron_padding(extras: dict[str, Any], rows: int) -> tuple[int, str] | None:
+    """Megatron-LM's vocab padding recorded in its `args` (`_vocab_size_with_padding`): the tokenizer's size
+    rounded up to make_vocab_size_divisible_by x tensor_model_parallel_size, when `padded_vocab_size` is the
+    rows. (multiple, how it was found), or None."""
+    args = extras.get("args")
+    if not isinstance(args, dict) or args.get("padded_vocab_size") != rows:
+        return None
+    divisible, tp = args.get("make_vocab_size_divisible_by"), args.get("tensor_model_parallel_size", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (divisible, tp)):
+        return None
+    return divisible * tp, (f"Megatron's make_vocab_size_divisible_by {divisible} x tensor_model_parallel_size "
+                            f"{tp}, from the checkpoint's args")
+
+
 def disagreeing(recorded: list[Recorded], rows: set[int]) -> list[Recorded]:
     """Recorded row counts that no vocab tensor has."""
     return [r for r in recorded if r.rows_key and r.value not in rows]

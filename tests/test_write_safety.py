@@ -19,7 +19,6 @@ Totals over the kill tests are printed by `test_zz_kill_totals` (pytest -s shows
 
 from __future__ import annotations
 
-import argparse
 import errno
 import hashlib
 import json
@@ -727,6 +726,13 @@ def test_in_place_folder_keeps_a_backup(inputs, tmp_path):
 
 # ------------------------------------------------------------------------------- 5. cleanup on errors
 
+class UserConfig:
+    """A training script's own class: read as an inert record under --trust-pickle, which repair cannot write."""
+
+    def __init__(self) -> None:
+        self.lr = 3e-3
+
+
 @pytest.fixture
 def spy_temp(monkeypatch):
     """Record the temp files/folders ckptfix.io creates, to prove an error came after they existed."""
@@ -751,7 +757,7 @@ def test_writer_error_leaves_nothing(inputs, tmp_path, spy_temp):
     """A RepairError raised inside the writer: an object read as an inert record (--trust-pickle) cannot
     be written back; it is found while the temp file is open."""
     sd = torch.load(inputs["small"], weights_only=True)
-    sd["args"] = argparse.Namespace(lr=3e-3)  # what many training scripts save
+    sd["args"] = UserConfig()  # a training script's own config object (an argparse.Namespace is written back)
     src = tmp_path / "src" / "ckpt.pth"
     src.parent.mkdir()
     torch.save(sd, src)

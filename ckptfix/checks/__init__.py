@@ -132,6 +132,7 @@ def _load_check_modules() -> None:
         guard,
         identity,
         integrity,
+        megatron,
         numerics,
         optimizer,
         recorded,

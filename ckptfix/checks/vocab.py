@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
 from ckptfix.fit import Fit, fit_rows
-from ckptfix.recorded import recorded_rows
+from ckptfix.recorded import megatron_padding, recorded_rows
 from ckptfix.vocab import VocabTensor
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
@@ -33,15 +33,21 @@ def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
     yield finding(
         "CKF101", f"{len(short)} vocab tensor(s) have {rows} rows but the tokenizer has {size} tokens "
         f"(ids {rows}..{size - 1} have no row){extra}",
-        pytorch=_LOAD_RAISES.format(name=short[0].name, tokens=size, rows=rows) +
-        " Used as is, the first id >= rows raises IndexError (a device-side assert on CUDA).",
+        pytorch=(_MEGATRON_LOADS if ctx.ckpt.format == "megatron" else
+                 _LOAD_RAISES.format(name=short[0].name, tokens=size, rows=rows) +
+                 " Used as is, the first id >= rows raises IndexError (a device-side assert on CUDA)."),
         fix=ctx.repair_command(), tensors=[v.name for v in short])
+
+
+_MEGATRON_LOADS = ("Megatron's own dist_checkpointing.load does not raise: it loads the rows into a model built "
+                   "for the tokenizer and leaves the rest at zero (CKF161).")
 
 
 def _fits(ctx: Context, verdicts: tuple[str, ...]) -> list[tuple[VocabTensor, Fit]]:
     """Vocab tensors with more rows than the tokenizer whose fit is one of `verdicts`."""
     recorded = recorded_rows(ctx.ckpt.extras)
-    fits = [(v, fit_rows(v.token_rows, ctx.tokenizer.size, v.token_rows if v.token_rows in recorded else None))
+    fits = [(v, fit_rows(v.token_rows, ctx.tokenizer.size, v.token_rows if v.token_rows in recorded else None,
+                         (megatron_padding(ctx.ckpt.extras, v.token_rows) or (None,))[0]))
             for v in _mismatched(ctx, smaller=False)]
     return [(v, f) for v, f in fits if f.verdict in verdicts]
 

@@ -60,6 +60,9 @@ FORMATS: tuple[Format, ...] = (
     Format("lightning", None, "torch_file:read", "write_torch:write_torch_checkpoint"),
     # a torch file with Composer's {'state': {'model', 'optimizers', 'schedulers'}} layout, named the same way
     Format("composer", None, "torch_file:read", "write_torch:write_torch_checkpoint"),
+    # before dcp: a Megatron-Core torch_dist iteration folder (or its save folder) is a DCP folder with common.pt
+    Format("megatron", "megatron_folder:sniff", "megatron_folder:read", "write_megatron:write_megatron_folder",
+           folder=True, notes="write_megatron:plan_notes"),
     Format("dcp", "dcp_folder:sniff", "dcp_folder:read", "write_dcp:write_dcp_folder", folder=True,
            notes="write_dcp:plan_notes"),
     # before deepspeed: a universal folder also holds a *model_states.pt

@@ -103,6 +103,10 @@ KNOWN_ENUMS = (
     "accelerate.utils.dataclasses.RNGType", "deepspeed.runtime.zero.config.ZeroStageEnum",
     "lightning.pytorch.trainer.states.TrainerFn", "lightning.pytorch.trainer.states.RunningStage",
     "lightning.pytorch.trainer.states.TrainerStatus",
+    # Megatron-LM's saved `args` (common.pt of a torch_dist checkpoint: attention_backend=AttnBackend.auto)
+    *(f"megatron.core.enums.{n}" for n in ("ModelType", "Fp8Recipe", "Fp4Recipe")),
+    *(f"megatron.core.transformer.enums.{n}" for n in ("ModelType", "LayerType", "AttnType", "AttnMaskType",
+                                                        "AttnBackend", "CudaGraphScope")),
 )
 
 # The one list of convertible data classes (SECURITY.md documents it). Objects of other classes that are
@@ -244,6 +248,7 @@ def is_data_call(rec: OpaqueObject) -> bool:
 def call_globals(rec: OpaqueObject) -> list[str]:
     """The globals a call names: the function and any class passed to it (`_reconstructor`'s class and base)."""
     return [rec.cls, *(n for n in map(global_name, rec.args) if n is not None)]
+
 _OMEGA_NODE = "omegaconf.nodes."
 _NUMPY_CODE = re.compile(r"[biufc]\d{1,2}")
 

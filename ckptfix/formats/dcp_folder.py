@@ -72,6 +72,13 @@ DCP_GLOBALS = frozenset({
     "torch.distributed.checkpoint.filesystem._StorageInfo", "torch.serialization._get_layout",
     "pathlib.PosixPath", "pathlib.WindowsPath", "pathlib.PurePosixPath", "pathlib.PureWindowsPath",
 })
+_PLAN = "torch.distributed.checkpoint.planner."
+# Megatron-Core keeps each rank's save plan in `.metadata` (`all_local_plans`, to reuse it on the next save).
+# They are data, never interpreted here: the dataclasses only constructed (NEWOBJ + BUILD), the enum only called
+# with its int value (`_planner_uses_are_data`).
+PLANNER_GLOBALS = frozenset({_PLAN + "SavePlan", _PLAN + "WriteItem", _PLAN + "TensorWriteData",
+                             _PLAN + "BytesIOWriteData", "torch.distributed.checkpoint.filesystem._StoragePrefix"})
+PLANNER_ENUMS = frozenset({_PLAN + "WriteItemType", _PLAN + "LoadItemType"})
 MAX_ITEM_PICKLE = 64 << 20  # a non-tensor item is read whole; refuse anything larger
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
 _ZIP_MAGIC = b"PK\x03\x04"
@@ -222,6 +229,9 @@ def _data_files(path: str, items: dict[str, Item]) -> tuple[int, list[str]]:
     return (max(ranks) + 1 if ranks else 1), files
 
 
+data_files = _data_files  # shared with megatron_folder, which reads the same .metadata and data files
+
+
 def _read_lightning_meta(path: str, ckpt: Checkpoint, layout: DcpLayout, trust_pickle: bool) -> None:
     """Lightning ModelParallelStrategy keeps `lr_schedulers`, `global_step`, ... in `meta.pt` beside the shards."""
     meta = os.path.join(path, LIGHTNING_META)
@@ -296,9 +306,11 @@ def read_metadata(path: str, name: str = METADATA_FILE) -> tuple[dict[str, Item]
     if len(data) > MAX_ITEM_PICKLE:
         raise UnreadableCheckpoint(f"{file}: metadata larger than {MAX_ITEM_PICKLE} bytes; refusing to read it")
     root = load_pickle(data, file, opaque=True)
-    outside = sorted({o.cls for o in _opaques(root)} - DCP_GLOBALS)
-    if outside:  # opaque mode imported nothing, but we only interpret what we know
-        raise UnsafePickle(file, outside)
+    opaques = _opaques(root)
+    outside = sorted({o.cls for o in opaques} - DCP_GLOBALS - PLANNER_GLOBALS - PLANNER_ENUMS)
+    outside += _planner_calls(opaques)
+    if outside:  # opaque mode imported nothing, but we only interpret what we know; trusting changes nothing
+        raise UnsafePickle(file, outside, hint=False)
     state = _fields(root, "Metadata", file)
     md = state.get("state_dict_metadata")
     if not isinstance(md, dict):
@@ -369,6 +381,18 @@ def _opaques(node: Any) -> list[OpaqueObject]:
         elif isinstance(node, (list, tuple, set, frozenset)):
             stack.extend(node)
     return found
+
+
+def _planner_calls(opaques: list[OpaqueObject]) -> list[str]:
+    """Uses of the planner classes that are not plain data: a dataclass called, an enum called with anything
+    but one int."""
+    bad = set()
+    for o in opaques:
+        if o.cls in PLANNER_GLOBALS and (o.called or o.kwargs):
+            bad.add(f"{o.cls}(...) called")
+        elif o.cls in PLANNER_ENUMS and not (o.called and len(o.args) == 1 and type(o.args[0]) is int):
+            bad.add(f"{o.cls} used other than as its value")
+    return sorted(bad)
 
 
 def _fields(obj: Any, name: str, origin: str) -> dict:
@@ -521,6 +545,9 @@ def _tensor(path: str, item: Item, pending: list[str]) -> TensorInfo:
         return ShardedTensor(name=item.fqn, shape=item.shape, dtype=item.dtype, locate=_refuse(item, "sharded"),
                              storage_id=f"dcp:{item.fqn}", item=item)
     return _record_tensor(path, item.fqn, item.shape, item.dtype, item.blobs[0])
+
+
+tensor_info = _tensor  # shared with megatron_folder
 
 
 def _record_tensor(path: str, name: str, shape: tuple[int, ...], dtype: str, blob_at: tuple) -> TensorInfo:

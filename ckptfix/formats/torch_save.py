@@ -95,11 +95,17 @@ def _writable_data(obj: OpaqueObject) -> bool:
 # str subclasses constructed from one string (NEWOBJ, no BUILD): Composer saves `torch.__version__` in its
 # checkpoint metadata. The writer re-emits that construction as read; anything else constructed stays refused.
 _STR_CONSTRUCTIONS = frozenset({"torch.torch_version.TorchVersion"})
+# Plain classes constructed empty whose BUILD sets their __dict__ (Megatron-LM's `args` in common.pt): re-emitted
+# as read, NEWOBJ then BUILD with the (possibly edited) fields.
+_DICT_CONSTRUCTIONS = frozenset({"argparse.Namespace"})
 
 
 def _writable_construction(obj: OpaqueObject) -> bool:
-    return (not obj.called and obj.cls in _STR_CONSTRUCTIONS and len(obj.args) == 1 and isinstance(obj.args[0], str)
-            and obj.state is None and not obj.items and not obj.kwargs)
+    if obj.called or obj.items or obj.kwargs:
+        return False
+    if obj.cls in _DICT_CONSTRUCTIONS:
+        return obj.args == () and isinstance(obj.state, dict) and all(isinstance(k, str) for k in obj.state)
+    return obj.cls in _STR_CONSTRUCTIONS and len(obj.args) == 1 and isinstance(obj.args[0], str) and obj.state is None
 
 
 def _as_written(value: Any) -> Any:
@@ -213,6 +219,9 @@ class _Pickler(pickle._Pickler):
             super().save(obj.args)  # type: ignore[misc]
             self.write(pickle.NEWOBJ)  # type: ignore[attr-defined]
             self.memoize(obj)  # type: ignore[attr-defined]
+            if obj.state is not None:
+                super().save(_with_torch_values(obj.state, {}))  # type: ignore[misc]
+                self.write(pickle.BUILD)  # type: ignore[attr-defined]
             return
         super().save(obj, save_persistent_id)  # type: ignore[misc]
 

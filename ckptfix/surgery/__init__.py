@@ -165,7 +165,7 @@ def _verify(plan: RepairPlan, out: str, trust_pickle: bool, undo: Callable[[], s
         raise VerifyFailed(f"{exc}; {done}") from None
 
 
-IN_PLACE_FORMATS = ("dcp", "hf-model", "hf-trainer")
+IN_PLACE_FORMATS = ("dcp", "megatron", "hf-model", "hf-trainer")
 
 
 def _in_place_writer(fmt: str) -> Callable[..., str | None]:
@@ -173,6 +173,10 @@ def _in_place_writer(fmt: str) -> Callable[..., str | None]:
         from ckptfix.surgery.write_dcp import write_dcp_folder
 
         return lambda *args, **kw: write_dcp_folder(*args, incremental=True, **kw)
+    if fmt == "megatron":
+        from ckptfix.surgery.write_megatron import write_megatron_folder
+
+        return lambda *args, **kw: write_megatron_folder(*args, incremental=True, **kw)
     from ckptfix.surgery.write_hf_inplace import write_hf_in_place
 
     return write_hf_in_place

@@ -25,7 +25,7 @@ from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
 from ckptfix.optim_state import Refusal, action_for, describe, state_keys, unremappable
 from ckptfix.policies import REPAIR_POLICIES, canonical
-from ckptfix.recorded import recorded_padding, recorded_rows
+from ckptfix.recorded import megatron_padding, recorded_padding, recorded_rows
 from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
 from ckptfix.surgery.pieces import piece_rows, why_no_segmenter
 from ckptfix.surgery.rows import (
@@ -266,6 +266,10 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
                               config_vocab=rows if rows in recorded_rows(ckpt.extras) else None,
                               old_tokens=from_tokenizer.size if from_tokenizer is not None else None,
                               exact=exact_rows)
+    megatron = megatron_padding(ckpt.extras, rows)
+    if megatron and pad_to_multiple_of is None and not exact_rows:  # Megatron rebuilds exactly this many rows
+        target = -(-tokenizer.size // megatron[0]) * megatron[0]
+        why = f"rows: {target} for {tokenizer.size} tokens (padding rule: {megatron[1]}; --pad-to overrides)"
     recorded_multiple = recorded_padding(ckpt.extras, rows)
     if recorded_multiple and pad_to_multiple_of is None and not exact_rows and tokenizer.size > rows:
         target = -(-tokenizer.size // recorded_multiple) * recorded_multiple  # litgpt's own find_multiple

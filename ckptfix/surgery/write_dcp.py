@@ -41,7 +41,7 @@ import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -75,12 +75,19 @@ class DcpEdits:
 
 
 def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
-                     in_place: bool, progress: Any = None, incremental: bool = False) -> str | None:
-    """Write the repaired folder to `out` (a new folder), or into the source itself when `incremental`."""
+                     in_place: bool, progress: Any = None, incremental: bool = False, edits: DcpEdits | None = None,
+                     rewrites: dict[str, Callable[[BinaryIO], None]] | None = None) -> str | None:
+    """Write the repaired folder to `out` (a new folder), or into the source itself when `incremental`.
+    `edits` (default: `plan_edits`) and `rewrites` (files beside the data, each replaced by what its function
+    writes to a file; default: Lightning's meta.pt when the plan changes it) let a format built on DCP (Megatron)
+    say what changes."""
     layout = _layout(plan)
-    edits = plan_edits(plan, layout, rng)
+    edits = plan_edits(plan, layout, rng) if edits is None else edits
+    if rewrites is None:
+        meta = _meta_bytes(plan, rng if not incremental else np.random.default_rng(0))  # meta.pt holds no rows
+        rewrites = {dcp_folder.LIGHTNING_META: _bytes_writer(meta)} if meta is not None else {}
     if incremental:
-        return _write_in_place(plan, layout, edits, record_fn, progress)
+        return _write_in_place(plan, layout, edits, record_fn, progress, rewrites)
     src = plan.ckpt.path
     backup = backup_path(out) if in_place and os.path.exists(out) else None
     kept = _kept_records(layout, edits, src)
@@ -98,10 +105,9 @@ def write_dcp_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], 
         metadata = merged_metadata(layout, edits, new_file, tmp, src)
         if {info.relative_path for info in metadata.storage_data.values()} - {new_file} != set(referenced):
             raise RepairError("the merged .metadata names other data files than were copied; nothing written")
-        meta = _meta_bytes(plan, rng)
         for name in _other_files(src):  # links stay links, never followed out of the folder; FIFOs refused
-            if name == dcp_folder.LIGHTNING_META and meta is not None:
-                atomic_write(os.path.join(tmp, name), meta)
+            if name in rewrites:
+                _rewrite(os.path.join(tmp, name), rewrites[name])
             else:
                 copy_input_entry(os.path.join(src, name), os.path.join(tmp, name), src)
         methods: dict[str, int] = {}
@@ -388,6 +394,19 @@ def _meta_bytes(plan: RepairPlan, rng: np.random.Generator) -> bytes | None:
     return buf.getvalue()
 
 
+def _bytes_writer(data: bytes) -> Callable[[BinaryIO], None]:
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+    return write
+
+
+def _rewrite(path: str, write: Callable[[BinaryIO], None]) -> None:
+    """Replace `path` with what `write` writes (a real file: a torch writer copies records into it), atomically
+    (`io.atomic_file`: a new temp file, never written through a link)."""
+    with atomic_file(path) as f:
+        write(f)
+
+
 def _other_files(src: str) -> list[str]:
     """Files beside the data that belong to the checkpoint (Lightning's meta.pt, a user's notes), not ours."""
     ours = {METADATA_FILE, RECORD_FILE, RESTORE_FILE}
@@ -403,7 +422,7 @@ def _record(record_fn: Callable[[], dict]) -> bytes:
 # --- in place ---------------------------------------------------------------------------------------------
 
 def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record_fn: Callable[[], dict],
-                    progress: Any = None) -> str:
+                    progress: Any = None, rewrites: dict[str, Callable[[BinaryIO], None]] | None = None) -> str:
     """New data file + backups + one atomic rename of `.metadata`; returns the backup of the metadata."""
     folder = plan.ckpt.path
     undo = InPlace(folder, METADATA_FILE)
@@ -416,10 +435,9 @@ def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record
         backup = undo.keep(METADATA_FILE)
         undo.keep(RECORD_FILE)
         atomic_write(undo.path(RECORD_FILE), _record(record_fn))
-        meta = _meta_bytes(plan, np.random.default_rng(0))  # meta.pt holds no rows: nothing random is drawn
-        if meta is not None:
-            undo.keep(dcp_folder.LIGHTNING_META)
-            atomic_write(undo.path(dcp_folder.LIGHTNING_META), meta)
+        for name, write in (rewrites or {}).items():
+            undo.keep(name)
+            _rewrite(undo.path(name), write)
 
         def replace_metadata(path: str) -> None:
             import pickle
