@@ -156,8 +156,8 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
 @click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
 @click.option("--in-place", is_flag=True,
               help="Write only what changes into CHECKPOINT itself (undo: ckptfix restore CHECKPOINT). Formats: DCP "
-              "folders, Hugging Face model folders (save_pretrained) and Trainer checkpoint-N/ folders with "
-              "safetensors weights; others: repair into a new path with -o.")
+              "folders, Megatron-Core torch_dist folders, Hugging Face model folders (save_pretrained) and Trainer "
+              "checkpoint-N/ folders with safetensors weights; others: repair into a new path with -o.")
 @_QUIET
 def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, keep_ids: bool,
            keep: tuple[str, ...], policy: str | None, init: str | None,

@@ -142,7 +142,8 @@ def test_help_names_completion_and_every_in_place_format(capsys):
     assert "_CKPTFIX_COMPLETE=bash_source ckptfix" in out and "NO_COLOR" in out
     _, out, _ = run_cli(["repair", "--help"], capsys)
     text = " ".join(out.split())
-    names = {"dcp": "DCP folders", "hf-model": "Hugging Face model folders", "hf-trainer": "Trainer checkpoint-N/"}
+    names = {"dcp": "DCP folders", "megatron": "Megatron-Core torch_dist folders",
+             "hf-model": "Hugging Face model folders", "hf-trainer": "Trainer checkpoint-N/"}
     assert set(names) == set(IN_PLACE_FORMATS) and all(v in text for v in names.values())
 
 
