@@ -15,22 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from ckptfix.cli import main
+from test_cli_ux import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 SEED = ROOT / "fixtures" / "seed001"
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
-def run_cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("flag", ["--select", "--ignore"])

@@ -22,6 +22,7 @@ import malicious_corpus as mc
 import pytest
 import torch
 from ckpt_factory import new_run, save_checkpoint, train
+from test_hostile_inputs import _python_peak
 from tokenizer_factory import train_sentencepiece
 
 ERR = "ckptfix: error: "
@@ -149,27 +150,6 @@ def test_a_deflated_data_pkl_lying_about_its_size_is_never_inflated_whole(base, 
     assert code == 2 and peak < 32 << 20, (code, peak >> 20)
     r = _run({"x": ["inspect", str(path)]}, tmp_path)["x"]
     assert (r["code"], r["stderr"].strip()) == (2, f"{ERR}{path}: cannot read data.pkl: Bad CRC-32 for file '{pkl_name}'"), r
-
-
-def _python_peak(argv: list[str]) -> tuple[int, int]:
-    """(exit code, peak Python allocation in bytes) of one in-process CLI run."""
-    import contextlib
-    import io
-    import tracemalloc
-
-    from ckptfix.cli import main
-
-    tracemalloc.start()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            try:
-                main(argv)
-                code = 0
-            except SystemExit as exc:
-                code = exc.code
-        return code, tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
 
 
 def test_a_sparse_6_gb_legacy_file_that_cannot_be_mapped_is_one_line(tmp_path):
