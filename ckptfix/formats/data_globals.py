@@ -137,6 +137,8 @@ DATA_CLASSES: dict[str, DataClass] = {
                                          call=True),
     "copyreg._reconstructor": DataClass("like the object it constructs", "protocol 0/1's `object.__new__(cls)`; "
                                         "accepted only with base `builtins.object` and no extra state", call=True),
+    "builtins.bytes": DataClass("bytes", "protocol 2 (torch.save's) spells an empty bytes value `bytes()`; only "
+                                "that call, with no arguments, is accepted", call=True),
     "builtins.frozenset": DataClass("a set", "torch's allowlist has `set` but not `frozenset`"),
     "builtins.slice": DataClass("a (start, stop, step) tuple", "three ints or None"),
     "argparse.Namespace": DataClass("a dict of its attributes", "constructed empty; BUILD sets its __dict__"),
@@ -224,6 +226,7 @@ _ARGUMENTS: dict[str, Any] = {
     "copyreg._reconstructor": _args(lambda x: global_name(x) is not None,
                                     lambda x: global_name(x) == "builtins.object", _NONE),
     **{n: _args(lambda x: _is_str(x) or _is_int(x)) for n in KNOWN_ENUMS},
+    "builtins.bytes": _args(),  # b"" as protocol 2 writes it
 }
 assert set(_ARGUMENTS) == DATA_CALLS, "every data call has its argument rule"
 # Constructions with arguments (NEWOBJ: `cls.__new__(cls, *args)`) known to be data, with the arguments assumed.
@@ -547,6 +550,8 @@ class Converter:
             return self.value(_object_state(rec).get("_val"), path)
         if cls == "copyreg._reconstructor":
             return self._reconstructor(rec, path)
+        if cls == "builtins.bytes" and is_data_call(rec):
+            return b""
         if cls in _NEW_ARGUMENTS and not rec.called and is_data_call(rec) and rec.state is None and not rec.items:
             self.note(path, cls, "str")
             return rec.args[0]

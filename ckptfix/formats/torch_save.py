@@ -150,6 +150,14 @@ class _Pickler(pickle._Pickler):
 
     dispatch = pickle._Pickler.dispatch.copy()
 
+    def save_bytes(self, obj: bytes) -> None:
+        # Protocol 2 spells b"" as `bytes()`, a global torch's weights-only loader refuses; `_codecs.encode('',
+        # 'latin1')`, its spelling of every other bytes value, it accepts: one spelling for all.
+        self.save_reduce(_global("_codecs", "encode"), (obj.decode("latin-1"), "latin1"),  # type: ignore[attr-defined]
+                         obj=obj)
+
+    dispatch[bytes] = save_bytes  # type: ignore[assignment]
+
     def __init__(self, buf: BinaryIO):
         super().__init__(buf, protocol=2)
         self.storages: dict[str, StorageRef] = {}  # output key -> the storage it writes, in pickling order
