@@ -109,3 +109,21 @@ def test_replacing_the_input_in_place_puts_it_back_on_a_difference(repaired, tmp
     with pytest.raises(VerifyFailed, match="the input was put back"):
         ckptfix.repair(path, tok, path, force=True)
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_a_config_value_the_plan_does_not_list_is_left_as_read(tmp_path):
+    """Fuzz finding: a flat config.json whose `vocab_size` is no size (2**70) was overwritten by the writer though
+    the plan did not list it; the verify stage refused OUT (exit 3). The writer now writes the plan, nothing else."""
+    import json
+
+    from safetensors.torch import save_file
+    from tokenizer_factory import train_bpe_tokenizer_json
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file({"model.embed_tokens.weight": torch.randn(64, 8), "lm_head.weight": torch.randn(64, 8)},
+              folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 2 ** 70}))
+    tok = train_bpe_tokenizer_json(tmp_path, 80, name="bpe80.json")
+    ckptfix.repair(str(folder), str(tok), str(tmp_path / "out"), keep_ids=True)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 2 ** 70

@@ -162,13 +162,12 @@ def _rewrite_training_file(plan: RepairPlan, name: str, src: str, dst: str, rng:
 
 def _new_config(plan: RepairPlan, config: dict) -> dict:
     """config.json with the plan's recorded sizes (a composite config's text sub-config, where the model class
-    reads it); a flat config's `vocab_size` is the rows, whatever it said before."""
-    from ckptfix.recorded import apply, text_config_key
+    reads it), and nothing else: a value the plan does not list (a `vocab_size` that is no size: null, a string,
+    2**70) is left as read; writing it anyway made OUT differ from the plan (the verify stage refused it, exit 3;
+    found by the fuzzer)."""
+    from ckptfix.recorded import apply
 
-    config = apply(config, {path[1:]: value for path, value in plan.recorded.items() if path[0] == "config"})
-    if text_config_key(config) is None and "vocab_size" in config:
-        config["vocab_size"] = plan.target_rows
-    return config
+    return apply(config, {path[1:]: value for path, value in plan.recorded.items() if path[0] == "config"})
 
 
 def rewrite_torch_file(src: str, f: Any, plan: RepairPlan, rng: np.random.Generator, edit: Callable,
