@@ -389,3 +389,14 @@ def test_restore_refuses_a_list_that_is_not_a_file(tmp_path):
     record.write_text("[" * 100_000)
     res = cli("restore", folder)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1 and "Traceback" not in res.stderr
+
+
+def test_an_optimizer_under_a_key_with_a_section_character_is_one_line(tmp_path):
+    """Fuzz finding after the merges: sections are addressed as "key[i]"; an optimizer state under the key
+    '\\x1b[31m' crashed the reader (KeyError, exit 3)."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    torch.save({"model": {"w": torch.zeros(2)}, "\x1b[31m": opt.state_dict()}, tmp_path / "k.pth")
+    res = cli("inspect", tmp_path / "k.pth")
+    assert (res.returncode, res.stderr.strip()) == (2, f"ckptfix: error: {tmp_path / 'k.pth'}: optimizer state under "
+                                                       "the key '\\x1b[31m', whose '[' or '/' ckptfix cannot address; "
+                                                       "rename the key")

@@ -97,7 +97,7 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
         ckpt.model = _model_tensors(path, tree[model_key], locate_for)
         ckpt.tied = find_tied(ckpt.model)
         used.add(model_key)
-    sections = optimizer_sections(tree)
+    sections = optimizer_sections(tree, path)
     if sections:
         ckpt.optimizer = parse_optimizers([(sec, _section(tree, sec)) for sec in sections], locate_for, path)
         ckpt.sections["optimizer"] = sections[0]
@@ -131,7 +131,7 @@ def checkpoint_from_tree(path: str, fmt: str, tree: Any, locate_for: Locator) ->
     return ckpt
 
 
-def optimizer_sections(tree: Mapping) -> list[str]:
+def optimizer_sections(tree: Mapping, origin: str = "checkpoint") -> list[str]:
     """Where a dict checkpoint keeps optimizer state: "optimizer", "optimizer_states[1]", ... Every optimizer
     is found, under the usual keys first, then under any other key, alone or in a list (modded-nanogpt's
     `optimizers: [muon, adamw]`, Lightning's `optimizer_states`, a second `muon_optimizer` key)."""
@@ -139,9 +139,13 @@ def optimizer_sections(tree: Mapping) -> list[str]:
     out: list[str] = []
     for key in keys:
         value = tree[key]
+        holds = is_optimizer_state(value) or (isinstance(value, list) and value and all(map(is_optimizer_state, value)))
+        if holds and ("[" in key or "/" in key):  # sections are addressed as "key[i]" / "a/b" (fuzz finding)
+            raise UnreadableCheckpoint(f"{origin}: optimizer state under the key '{escape(key, 80)}', whose '[' or "
+                                       "'/' ckptfix cannot address; rename the key")
         if is_optimizer_state(value):
             out.append(key)
-        elif isinstance(value, list) and value and all(is_optimizer_state(v) for v in value):
+        elif holds:
             out += [f"{key}[{i}]" for i in range(len(value))]
     return out
 

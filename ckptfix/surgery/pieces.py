@@ -250,6 +250,12 @@ def _tiktoken(info: Any) -> Segmenter | None:
         return None
     ranks = {bytes(_BYTE_VALUE[c] for c in t): i for i, t in enumerate(info.base_tokens)
              if t and all(c in _BYTE_VALUE for c in t)}
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:  # tiktoken panics (Rust: "no entry found for key") on a byte with no rank: a fuzz finding
+        from ckptfix.errors import TokenizerError
+
+        raise TokenizerError(f"{info.source}: its ranks lack {len(missing)} of the 256 single bytes (e.g. "
+                             f"{missing[0]:#04x}); a byte-level BPE cannot encode text with them")
     try:
         import tiktoken
     except ImportError:
@@ -343,11 +349,25 @@ def spell(segmenter: Segmenter, text: str) -> list[int]:
     word-start marker before the first word (sentencepiece's dummy prefix, a Metaspace prepend) would spell
     " return" there as "▁" + "▁return". Encoded after "a" and that prefix's ids dropped, as transformers'
     non-legacy Llama/T5 tokenizers drop theirs; the text alone where "a" merges into it."""
-    head = segmenter.encode("a")
-    ids = segmenter.encode("a" + text)
+    head = _encode(segmenter, "a")
+    ids = _encode(segmenter, "a" + text)
     if head and ids[:len(head)] == head:
         return ids[len(head):]
-    return segmenter.encode(text)
+    return _encode(segmenter, text)
+
+
+def _encode(segmenter: Segmenter, text: str) -> list[int]:
+    """The library's encoding; a Rust panic in it (tiktoken over ranks that lack a single byte: "no entry found
+    for key", a fuzz finding) is one line, exit 2, like a file the library refuses to load."""
+    from ckptfix.errors import TokenizerError
+
+    try:
+        return segmenter.encode(text)
+    except BaseException as exc:  # pyo3's PanicException is a BaseException
+        if type(exc).__name__ != "PanicException":
+            raise
+        raise TokenizerError(f"{segmenter.library} panicked encoding a new token's text for --init pieces: "
+                             f"{' '.join(str(exc).split())[:200]}") from None
 
 
 def piece_rows(source: np.ndarray, new_tok: Any, old_tok: Any, old_rows: int) -> dict[int, tuple[int, ...]]:
