@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_weights_only import Custom
 
 import ckptfix
 
@@ -27,26 +28,13 @@ def test_a_numpy_dtype_is_data(tmp_path):
     assert np.dtype(cfg["big"]) == np.dtype(">i4")  # the name gives the dtype back
 
 
-class Custom:
-    """State only its class can interpret (a list through __getstate__): not convertible."""
-
-    def __init__(self):
-        self.x = 1
-
-    def __getstate__(self):
-        return [self.x]
-
-    def __setstate__(self, state):
-        self.x = state[0]
-
-
 def test_the_fix_of_an_unconvertible_file_starts_with_what_to_do(tmp_path):
     src = tmp_path / "c.pth"
     torch.save({"model": {"w": torch.ones(1)}, "c": Custom()}, src)
     (ckf704,) = [f for f in ckptfix.inspect(src).findings if f.code == "CKF704"]
     assert ckf704.fix == (
         "re-save these values as plain data (dict, list, numbers, tensors) in the training script; allowlist "
-        f"{__name__}.Custom with torch.serialization.add_safe_globals only if you wrote those classes (ckptfix "
+        f"{Custom.__module__}.Custom with torch.serialization.add_safe_globals only if you wrote those classes (ckptfix "
         "names no class it cannot check)")
     assert not ckf704.fix.startswith("or")
     with pytest.raises(ckptfix.RepairError, match="not convertible"):
