@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 from ckptfix.checks import Context, Finding, check, finding
 from ckptfix.formats.common import iter_tensor_refs
@@ -13,23 +13,28 @@ def _archive(ctx: Context):
     return handle if handle is not None and hasattr(handle, "members") else None
 
 
-@check("CKF701", "error", "tensor record shorter than its storage",
-       "A zip record holds fewer bytes than its storage's numel x itemsize declares.")
-def short_records(ctx: Context) -> Iterator[Finding]:
+def _records(ctx: Context) -> Iterator[tuple[str, Any, int]]:
+    """(storage key, its zip member or None, the bytes the storage declares), once per storage."""
     archive = _archive(ctx)
     if archive is None:
         return
-    short, seen = [], set()
+    seen = set()
     for ref in iter_tensor_refs(ctx.ckpt.raw):
         key = ref.storage.key
-        if key in seen:
-            continue
-        seen.add(key)
-        info = archive.members.get(f"{archive.prefix}/data/{key}")
+        if key not in seen:
+            seen.add(key)
+            yield key, archive.members.get(f"{archive.prefix}/data/{key}"), ref.storage.nbytes
+
+
+@check("CKF701", "error", "tensor record shorter than its storage",
+       "A zip record holds fewer bytes than its storage's numel x itemsize declares.")
+def short_records(ctx: Context) -> Iterator[Finding]:
+    short = []
+    for key, info, nbytes in _records(ctx):
         if info is None:  # torch.load raises "failed finding central directory"/"file not found" for it
-            short.append(f"data/{key} (missing, {ref.storage.nbytes} bytes expected)")
-        elif info.file_size < ref.storage.nbytes:
-            short.append(f"data/{key} ({info.file_size} of {ref.storage.nbytes} bytes)")
+            short.append(f"data/{key} (missing, {nbytes} bytes expected)")
+        elif info.file_size < nbytes:
+            short.append(f"data/{key} ({info.file_size} of {nbytes} bytes)")
     if short:
         yield finding("CKF701", f"{len(short)} record(s) are shorter than their storage: {', '.join(short[:5])}",
                       pytorch="torch.load(mmap=True) does not notice: the tensor reads the bytes that follow the "
@@ -40,16 +45,8 @@ def short_records(ctx: Context) -> Iterator[Finding]:
        "A zip record holds more bytes than its storage's numel x itemsize declares: torch.load refuses it "
        "(\"record size ... does not match expected size\"), though not with mmap=True.")
 def long_records(ctx: Context) -> Iterator[Finding]:
-    archive = _archive(ctx)
-    if archive is None:
-        return
-    long, seen = [], set()
-    for ref in iter_tensor_refs(ctx.ckpt.raw):
-        key = ref.storage.key
-        info = archive.members.get(f"{archive.prefix}/data/{key}")
-        if key not in seen and info is not None and info.file_size > ref.storage.nbytes:
-            long.append(f"data/{key} ({info.file_size} bytes for {ref.storage.nbytes})")
-        seen.add(key)
+    long = [f"data/{key} ({info.file_size} bytes for {nbytes})" for key, info, nbytes in _records(ctx)
+            if info is not None and info.file_size > nbytes]
     if long:
         yield finding("CKF730", f"{len(long)} record(s) are longer than their storage: {', '.join(long[:5])}",
                       pytorch="torch.load refuses the file (record size does not match); with mmap=True it loads "
