@@ -231,6 +231,7 @@ _ARGUMENTS: dict[str, Any] = {
 assert set(_ARGUMENTS) == DATA_CALLS, "every data call has its argument rule"
 # Constructions with arguments (NEWOBJ: `cls.__new__(cls, *args)`) known to be data, with the arguments assumed.
 _NEW_ARGUMENTS: dict[str, Any] = {"torch.torch_version.TorchVersion": _args(_is_str)}
+NEW_WITH_ARGUMENTS: frozenset[str] = frozenset(_NEW_ARGUMENTS)
 
 
 def is_data_call(rec: OpaqueObject) -> bool:

@@ -92,9 +92,8 @@ def _writable_data(obj: OpaqueObject) -> bool:
     return obj.called and is_data_call(obj) and not obj.items and not obj.kwargs
 
 
-# str subclasses constructed from one string (NEWOBJ, no BUILD): Composer saves `torch.__version__` in its
-# checkpoint metadata. The writer re-emits that construction as read; anything else constructed stays refused.
-_STR_CONSTRUCTIONS = frozenset({"torch.torch_version.TorchVersion"})
+# Constructions with arguments the data list accepts (`data_globals.NEW_WITH_ARGUMENTS`: Composer's TorchVersion,
+# NEWOBJ from one string, no BUILD) are re-emitted as read; anything else constructed stays refused.
 # Plain classes constructed empty whose BUILD sets their __dict__ (Megatron-LM's `args` in common.pt): re-emitted
 # as read, NEWOBJ then BUILD with the (possibly edited) fields.
 _DICT_CONSTRUCTIONS = frozenset({"argparse.Namespace"})
@@ -105,7 +104,9 @@ def _writable_construction(obj: OpaqueObject) -> bool:
         return False
     if obj.cls in _DICT_CONSTRUCTIONS:
         return obj.args == () and isinstance(obj.state, dict) and all(isinstance(k, str) for k in obj.state)
-    return obj.cls in _STR_CONSTRUCTIONS and len(obj.args) == 1 and isinstance(obj.args[0], str) and obj.state is None
+    from ckptfix.formats.data_globals import NEW_WITH_ARGUMENTS, is_data_call
+
+    return obj.cls in NEW_WITH_ARGUMENTS and is_data_call(obj) and obj.state is None
 
 
 def _as_written(value: Any) -> Any:
