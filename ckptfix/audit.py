@@ -429,7 +429,7 @@ class _Context:
         from the LM's rows (a second vocabulary with its own tokenizer: a Q-Former's BERT table), or an
         embedding with rows beyond the vocab the config records (Mllama's image tokens)."""
         from ckptfix.recorded import recorded_rows
-        from ckptfix.vocab import _near
+        from ckptfix.vocab import near
 
         plan = self.plan
         heads = [e for e in plan.weights.values() if e.role == "head"]
@@ -446,7 +446,7 @@ class _Context:
             if rows == main or (main_new is not None and e.plan.new_rows - main_new == rows - main):
                 continue  # the LM's rows, or rows past them that the plan keeps past them (an offset)
             what = f"{list(e.source.shape)} {e.source.dtype}"
-            if not _near(rows, {main}):
+            if not near(rows, {main}):
                 out.append(Value(name, what, UNRESOLVED, f"{rows} rows, far from the {main} rows of the LM's vocab: "
                                  "a second vocabulary with its own tokenizer would be resized as if it were this one",
                                  "CKF133", "--keep PATH (a separate vocabulary stays as it is)"))

@@ -37,6 +37,7 @@ from ckptfix.surgery.rows import (
     plan_by_id,
     plan_by_token,
 )
+from ckptfix.vocab import near
 
 POLICIES = REPAIR_POLICIES
 INITS = ("pieces", "mean", "zeros", "normal")
@@ -463,13 +464,31 @@ def _no_state_for(plan: RepairPlan, report: Any, v: Any) -> None:
     assert opt is not None
     owned = set(report.mapping.names) | {x.optimizer_index for x in report.vocab if x.optimizer_index is not None}
     unmatched = [i for i in opt.indices() if i not in owned and opt.state.get(i) is not None
-                 and any(len(t.shape) == len(v.shape) for t in opt.state[i].tensors.values())]
+                 and any(could_hold_state_of(t.shape, v) for t in opt.state[i].tensors.values())]
     if not unmatched:
-        plan.notes.append(f"{v.name} has no optimizer state (a buffer or a frozen parameter)")
+        shared = [x.name for x in report.vocab if not x.index_known and x.shape == v.shape]
+        plan.notes.append(f"{v.name} has no optimizer state (a buffer or a frozen parameter)" if not shared else
+                          f"{v.name} has no optimizer state of its own: {', '.join(shared)} of its shape hold "
+                          f"{len(shared)} entries, which of them is not recorded (the moments' rows move the same "
+                          "way whichever it is)")
         return
     raise RepairError(f"{plan.ckpt.path}: cannot tell which of {len(unmatched)} unmatched optimizer state "
                       f"entries holds the moments of {v.name} (parameters matched by {report.mapping.method}); "
                       "--policy fresh (drop optimizer state, keep the schedule) or --policy reset repairs it")
+
+
+def could_hold_state_of(shape: tuple[int, ...], v: Any) -> bool:
+    """Whether a state tensor of `shape` can be one of vocab tensor `v`'s: a moment has its parameter's shape
+    on every axis but the vocab one, and there a length near the vocab's (a moment left at the rows before a
+    resize: the window `vocab.near` allows a head resized apart from its embedding); a factored second moment
+    (Adafactor's) has a row factor as long as the vocab axis. A state that fits neither cannot be v's, whatever
+    entry holds it (BART's encoder and decoder (32, 32) weights are never `final_logits_bias`'s)."""
+    axis = len(v.shape) - 1 if v.role == "head-bias" and len(v.shape) == 2 else 0
+    if len(shape) == 1 and len(v.shape) > 1:
+        return shape[0] == v.shape[axis]
+    if len(shape) != len(v.shape) or not near(shape[axis], {v.shape[axis]}):
+        return False
+    return all(a == b for k, (a, b) in enumerate(zip(shape, v.shape)) if k != axis)
 
 
 def _note_pieces(plan: RepairPlan) -> None:
