@@ -568,7 +568,9 @@ def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 def _rows_kept(old: torch.Tensor, new: torch.Tensor | None) -> bool:
-    """Bit-identical, but for rows past the old ones along the first (or a bias's last) axis."""
+    """Bit-identical, but for rows past the old ones along the first (or a bias's last) axis; or, for a tensor
+    with rows of the model's own past the LM vocabulary (Mllama's image rows), the new rows between the LM's
+    old ones and those."""
     if new is None or new.dtype != old.dtype or new.dim() != old.dim():
         return False
     if old.shape == new.shape:
@@ -576,4 +578,9 @@ def _rows_kept(old: torch.Tensor, new: torch.Tensor | None) -> bool:
     differ = [i for i, (a, b) in enumerate(zip(old.shape, new.shape)) if a != b]
     if len(differ) != 1 or new.shape[differ[0]] < old.shape[differ[0]]:
         return False
-    return torch.equal(old, new.narrow(differ[0], 0, old.shape[differ[0]]))
+    axis, added = differ[0], new.shape[differ[0]] - old.shape[differ[0]]
+    if torch.equal(old, new.narrow(axis, 0, old.shape[axis])):
+        return True
+    own = old.shape[axis] - VOCAB
+    return 0 < own <= 256 and torch.equal(old.narrow(axis, 0, VOCAB), new.narrow(axis, 0, VOCAB)) \
+        and torch.equal(old.narrow(axis, VOCAB, own), new.narrow(axis, VOCAB + added, own))

@@ -359,18 +359,21 @@ def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
 
 
 def _offset_plan(plan: RepairPlan, v: Any, lm_plan: RowPlan) -> RowPlan:
-    """The rows of a tensor with `v.offset` rows past the LM vocabulary (Mllama's image-token rows): rows =
-    tokens + offset. Every old row stays at its id (the model addresses its own rows by fixed ids) and the
-    LM's new rows are appended; trailing rows dropped when the LM shrinks are counted like the LM's."""
-    if lm_plan.prefix_rows() is None:
-        raise RepairError(f"{plan.ckpt.path}: {v.name} has {v.offset} rows past the LM vocabulary (the model's own, "
-                          f"rows {v.token_rows}..{v.rows - 1}) and the rows move by token: ckptfix keeps such rows "
-                          "at their ids only when token rows are kept by id; pass --keep-ids if the ids are unchanged")
-    rows_plan = plan_by_id(v.rows, lm_plan.new_rows + v.offset)
+    """The rows of a tensor with `v.offset` rows past the LM vocabulary (Mllama's embedding: vocab_size + 8
+    image-token rows): rows = tokens + offset, the model's own rows after the token rows, where the class puts
+    them (`nn.Embedding(vocab_size + 8)`: ids past vocab_size reach them). So the token rows follow the LM's row
+    plan and the offset rows follow them: a new token id lands on a new row, never on an image row, and the image
+    rows stay the last `offset` rows; a shrink drops token rows, never the model's own."""
+    source = np.concatenate([lm_plan.source, np.arange(v.token_rows, v.rows, dtype=np.int64)])
+    kept = int((source == np.arange(len(source))).sum())
+    rows_plan = RowPlan(source, v.rows, kept=kept, moved=int((source >= 0).sum()) - kept, new=lm_plan.new,
+                        dropped=lm_plan.dropped, dropped_ids=list(lm_plan.dropped_ids), pieces=dict(lm_plan.pieces))
     if not rows_plan.is_identity():
         plan.notes.append(f"{v.name}: {v.rows} rows = {v.token_rows} token rows + {v.offset} rows of the model's own "
-                          f"past the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (old rows "
-                          f"at their ids, {rows_plan.new} new appended, {rows_plan.dropped} trained row(s) dropped)")
+                          f"past the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (token "
+                          f"rows as the LM's: {rows_plan.new} new, {rows_plan.dropped} trained row(s) dropped; the "
+                          f"{v.offset} rows of the model's own moved after them, rows {lm_plan.new_rows}.."
+                          f"{rows_plan.new_rows - 1})")
     return rows_plan
 
 
