@@ -81,6 +81,8 @@ def _walk(node: Any, path: tuple[Any, ...], seen: set[int], role: str | None) ->
         if key in VOCAB_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
             own = "separate" if key in encoder_side else "rows" if key in rows_keys else "tokens"
             yield Recorded(path + (key,), value, role or ("unused" if text is not None else own))
+        elif _other_vocabulary(key) and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            yield Recorded(path + (key,), value, role or "separate")
         elif key in FOLLOW_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
             yield Recorded(path + (key,), value, role or "follow")
         elif isinstance(value, dict):
@@ -101,6 +103,14 @@ def text_config_key(node: dict) -> str | None:
     keys = [k for k in TEXT_CONFIG_KEYS if isinstance(node.get(k), dict)
             and any(v in node[k] for v in VOCAB_KEYS)]
     return keys[0] if len(keys) == 1 else None
+
+
+def _other_vocabulary(key: Any) -> bool:
+    """A size the config itself names as another vocabulary's (`<name>_vocab_size`: Pop2Piano's
+    `composer_vocab_size`, its composer embedding): separate. Token-type, segment and position tables are not
+    vocabularies (BERT's `type_vocab_size`)."""
+    return isinstance(key, str) and key.endswith("_vocab_size") and key not in VOCAB_KEYS \
+        and not any(word in key for word in ("type", "segment", "position"))
 
 
 def wrapped_text_key(node: dict, memo: dict[int, str | None] | None = None) -> str | None:

@@ -307,6 +307,10 @@ def _shrink(d: dict) -> dict:
             out[k] = v
         elif isinstance(v, list) and isinstance(layers, int) and len(v) == layers and layers > _LAYERS:
             continue  # per-layer lists (layer_types...): derived again from the new layer count
+        elif isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v) \
+                and k in _WIDTH_KEYS | _HEAD_KEYS | _LAYER_KEYS | {"depths"}:
+            # per-stage sizes of a hierarchical vision tower (Florence-2's DaViT: embed_dim [128, 256, 512, 1024])
+            out[k] = [_WIDTH if k in _WIDTH_KEYS else _HEADS if k in _HEAD_KEYS else min(i, _LAYERS) for i in v]
         elif isinstance(v, list):
             out[k] = v
         elif k in _WIDTH_KEYS:

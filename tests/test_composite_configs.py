@@ -91,3 +91,10 @@ def test_a_flat_encoder_decoder_names_its_decoders_vocab():
     assert roles(marian) == {"config.vocab_size": "separate", "config.decoder_vocab_size": "rows"}
     assert set(updates(find_recorded(marian), {293}, 296, 296)) == {("config", "vocab_size"),
                                                                      ("config", "decoder_vocab_size")}
+
+
+def test_a_vocabulary_the_config_names_is_separate():
+    """Pop2Piano's `composer_vocab_size` (its composer embedding's rows) is another vocabulary; BERT's
+    `type_vocab_size` (token types) is no vocabulary at all."""
+    extras = {"config": {"model_type": "pop2piano", "vocab_size": 293, "composer_vocab_size": 21, "type_vocab_size": 2}}
+    assert roles(extras) == {"config.vocab_size": "rows", "config.composer_vocab_size": "separate"}
