@@ -105,6 +105,15 @@ def _separate_rows(ckpt: Checkpoint) -> dict[int, str]:
     return {r.value: f"{r.where} = {r.value}" for r in separate_vocabularies(ckpt.extras) if r.value not in lm}
 
 
+def separate_tensors(ckpt: Checkpoint) -> dict[str, str]:
+    """The tensors of another vocabulary than the LM's (rows a non-text sub-config records), each with the
+    reason it is kept: the one answer `find_vocab_tensors` leaves them out by, the plan keeps them by
+    (`RepairPlan.kept`) and the audit reports them with."""
+    separate = _separate_rows(ckpt)
+    return {name: f"a separate vocabulary ({separate[t.shape[0]]}: its own tokenizer), not indexed by this "
+            "tokenizer's ids" for name, t in ckpt.model.items() if _separate_tensor(t, separate)}
+
+
 def _separate_tensor(t: TensorInfo, separate: dict[int, str]) -> bool:
     return bool(separate) and len(t.shape) in (1, 2) and t.shape[0] in separate and t.is_float
 

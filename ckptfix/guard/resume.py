@@ -87,10 +87,10 @@ import torch
 from ckptfix.guard.live import Live
 from ckptfix.guard.probe import StepProbe
 from ckptfix.guard.problems import Problem, TrainingSetupError, format_names, raise_or_warn
-from ckptfix.guard.resume_apply import Apply, check_live_state, not_landed, same_values
+from ckptfix.guard.resume_apply import Apply, not_landed, same_values
 from ckptfix.guard.resume_plan import ModelPlan, key_map, key_problems, plan_optimizer, plan_resume
 from ckptfix.guard.rewarm import Rewarm
-from ckptfix.guard.setup import check_training_setup, named_params, unwrap_optimizer
+from ckptfix.guard.setup import check_live_state, check_training_setup, named_params, unwrap_optimizer
 from ckptfix.policies import GUARD_POLICIES, canonical
 from ckptfix.record import NAMES_SCHEMA, Record, TokenizerRef
 
