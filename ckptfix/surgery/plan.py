@@ -321,14 +321,14 @@ def _note_format(plan: RepairPlan) -> None:
 
 def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[Any, str, list[str]]:
     """(the tokenizer rows move from or None, "token" | "id", notes) for this repair."""
-    from ckptfix.identity import data_evidence, known_old_tokenizer
+    from ckptfix.identity import data_evidence
 
     rows = vocab_rows(report.vocab)
     if keep_ids:
         return None, "id", ["rows kept by id (--keep-ids): token i keeps row i"]
     if tokenizer.id_to_token() is None:  # the guard's target without a token table: only a row count
         return None, "id", []
-    old, notes = known_old_tokenizer(report.ckpt, rows, given)
+    old, notes = _known_old(report, rows, given)
     if old is not None:
         if old.origin != "given":
             notes.append(f"rows moved by token string from the old tokenizer {old.describe()}")
@@ -343,6 +343,18 @@ def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[
                  f"and keeping ids is right only if {tokenizer.path} appends to it; pass --from-tokenizer OLD "
                  "to move rows by token string")
     return None, "id", notes
+
+
+def _known_old(report: Any, rows: int | None, given: Any) -> tuple[Any, list[str]]:
+    """`identity.known_old_tokenizer`'s answer: the analysis's when it asked the same question (so a record's or
+    a folder's own tokenizer file is read once per run), else asked now (the guard analyses without one)."""
+    from ckptfix.identity import known_old_tokenizer
+
+    if report.identity is not None:
+        old, notes = report.identity
+        if (old.info if old is not None and old.origin == "given" else None) is given:
+            return old, list(notes)
+    return known_old_tokenizer(report.ckpt, rows, given)
 
 
 def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
