@@ -70,7 +70,7 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
     embeddings, else from the 2-D tensor whose rows are nearest the tokenizer's size. A tensor that has
     the rows elsewhere (a (width, rows) matrix, a table named like positions) is reported in `notes` as
     ambiguous and left alone: a size can match by accident (an attention projection is not a vocab tensor)."""
-    separate = _separate_rows(ckpt)
+    separate, kept = _separate_rows(ckpt), separate_tensors(ckpt)  # another vocabulary's tensors: never the LM's
     rows, widths = _vocab_dims(ckpt, tokenizer_size, set(separate))
     found: dict[str, VocabTensor] = {}
     _note_separate(ckpt, separate, notes)
@@ -80,10 +80,10 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
                   for d in t.shape}
     first = True
     for name, t in ckpt.model.items():
-        role = None if _separate_tensor(t, separate) else _role(name, t, rows, widths, other_dims)
+        role = None if name in kept else _role(name, t, rows, widths, other_dims)
         if role is None:
             if notes is not None and t.is_float and any(d in rows for d in t.shape) and t.shape not in ((), (1,)) \
-                    and not _separate_tensor(t, separate):
+                    and name not in kept:
                 notes.append(f"{name} {list(t.shape)} has a dimension of the vocab size ({'/'.join(map(str, sorted(rows)))} "
                              "rows) but not in a vocab tensor's place; left alone (ambiguous)")
             continue
