@@ -118,6 +118,10 @@ def test_a_folders_own_tokenizer_is_read_once(tmp_path, monkeypatch):
     assert calls.tokenizers == {str(Path(new).resolve()): 1, str(folder.resolve()): 1}
     assert result.plan.rows_by == "token"
     assert any("saved in the checkpoint folder" in n for n in result.plan.notes)
+    calls.tokenizers.clear()  # inspect: its analysis and the plan it audits share the one read too
+    report = ckptfix.inspect(str(folder), str(new))
+    assert calls.tokenizers == {str(Path(new).resolve()): 1, str(folder.resolve()): 1}
+    assert report.audit is not None and report.old_tokenizer.origin == "folder"
 
 
 def test_the_guard_loads_through_the_same_stages_once(files, monkeypatch):
