@@ -110,3 +110,18 @@ def test_unmatched_moments_stop_repair_and_name_the_policy(tmp_path):
     tok = word_level_tokenizer(tmp_path / "tok.json", 1010)
     with pytest.raises(CkptfixError, match="--policy fresh"):
         ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed.pt"))
+
+
+def test_a_per_layer_token_lookup_table_is_named_and_repair_refuses(tmp_path):
+    """DeepSeek-V4's hash routing keeps `tid2eid` (token id -> expert ids, int64 (vocab, top_k)) in every
+    hash-MoE layer: not an accidental size (integer, the vocab's rows first), so inspect names it (CKF130) and
+    repair stops naming it (exit 2) instead of writing a folder whose tables no longer fit the vocab."""
+    state = _Custom(1000).state_dict()
+    state["layers.0.gate.tid2eid"] = torch.zeros(1000, 2, dtype=torch.long)
+    src = tmp_path / "ckpt.pt"
+    torch.save({"model": state}, src)
+    tok = word_level_tokenizer(tmp_path / "tok.json", 1010)
+    report = ckptfix.inspect(str(src), tokenizer=str(tok))
+    assert any(f.code == "CKF130" and "tid2eid" in f.message for f in report.findings)
+    with pytest.raises(CkptfixError, match="tid2eid"):
+        ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed.pt"))
