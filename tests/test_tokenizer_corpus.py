@@ -440,6 +440,42 @@ def test_a_vocab_json_without_merges_other_than_gpt2s_has_no_pieces(tmp_path):
     assert "without merges" in (pieces.why_no_segmenter(info) or "")
 
 
+FOLDERS = [_param(e) for e in corpus.ENTRIES if e.format == "hf-folder" and e.package != "openai-whisper-hf"]
+
+
+def _pipeline(tok) -> dict:
+    """What decides a `tokenizers.Tokenizer`'s ids besides its vocabulary: normalizer, pre-tokenizer and the
+    model's options. Left out: trim_offsets (offsets only), the decoder, and the unknown token where byte
+    fallback spells every byte (transformers 5's LlamaTokenizer sets none; the file names <unk>)."""
+    def without_offsets(node):
+        if isinstance(node, dict):
+            return {k: without_offsets(v) for k, v in node.items() if k != "trim_offsets"}
+        return [without_offsets(v) for v in node] if isinstance(node, list) else node
+
+    doc = json.loads(tok.to_str())
+    model = {k: v for k, v in doc["model"].items() if k not in ("vocab", "merges")}
+    if model.get("byte_fallback"):
+        model.pop("unk_token", None)
+    return without_offsets({"normalizer": doc["normalizer"], "pre_tokenizer": doc["pre_tokenizer"], "model": model,
+                            "vocab": doc["model"].get("vocab"), "merges": doc["model"].get("merges")})
+
+
+@pytest.mark.parametrize("entry", FOLDERS)
+def test_folder_pipeline_is_the_one_transformers_5_builds(entry):
+    """transformers 5 rebuilds the pipeline of a folder whose tokenizer_config names a class with its own
+    __init__ (LlamaTokenizer, Qwen2Tokenizer, GemmaTokenizer: tokenization_utils_tokenizers.
+    convert_to_native_format keeps only the file's vocabulary and merges). --init pieces encodes with
+    exactly AutoTokenizer's pipeline for every folder of the corpus, not only on the agreement texts."""
+    from transformers import AutoTokenizer
+
+    from ckptfix.surgery.pieces import load_segmenter
+
+    path = _cached(entry)
+    segmenter = load_segmenter(load_tokenizer(path))
+    assert segmenter is not None and segmenter.backend is not None
+    assert _pipeline(segmenter.backend) == _pipeline(AutoTokenizer.from_pretrained(str(path)).backend_tokenizer)
+
+
 def test_print_the_agreement_table(capsys):
     """The table of the test above (run it first: same module, later in file order)."""
     if not AGREEMENT:

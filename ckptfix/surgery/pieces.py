@@ -53,6 +53,7 @@ class Segmenter:
     encode: Callable[[str], list[int]]  # ids of a text, no BOS/EOS or other template tokens
     unusable: frozenset[int]  # special, control and unknown ids: never a useful piece
     library: str  # what encodes, for reports and the agreement table
+    backend: Any = None  # the `tokenizers.Tokenizer` that encodes, where one does: the tests compare its pipeline
 
 
 def load_segmenter(info: Any, without: frozenset[str] = frozenset()) -> Segmenter | None:
@@ -246,7 +247,7 @@ def _finish(tok: Any, info: Any, without: frozenset[str], library: str) -> Segme
         return None
     unk = getattr(tok.model, "unk_token", None)
     unusable = _specials(info) | ({tok.token_to_id(unk)} if unk and tok.token_to_id(unk) is not None else set())
-    return Segmenter(lambda text: tok.encode(text, add_special_tokens=False).ids, frozenset(unusable), library)
+    return Segmenter(lambda text: tok.encode(text, add_special_tokens=False).ids, frozenset(unusable), library, tok)
 
 
 def _specials(info: Any) -> frozenset[int]:
