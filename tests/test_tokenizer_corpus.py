@@ -440,6 +440,18 @@ def test_a_vocab_json_without_merges_other_than_gpt2s_has_no_pieces(tmp_path):
     assert "without merges" in (pieces.why_no_segmenter(info) or "")
 
 
+def test_rwkv_vocab_without_every_byte_has_no_pieces_and_says_why(tmp_path):
+    """rwkv's TRIE_TOKENIZER fails (an assert) on a text with a byte no token starts with; such a vocab gets
+    no segmenter rather than one that spells some texts as WordPiece's unknown token."""
+    from ckptfix.surgery import pieces
+
+    vocab = tmp_path / "rwkv_vocab_v20230424.txt"
+    vocab.write_text("1 'a' 1\n2 'b' 1\n3 'ab' 2\n")
+    info = load_tokenizer(vocab)
+    assert info.kind == "rwkv" and pieces.load_segmenter(info) is None
+    assert "256 single bytes" in (pieces.why_no_segmenter(info) or "")
+
+
 FOLDERS = [_param(e) for e in corpus.ENTRIES if e.format == "hf-folder" and e.package != "openai-whisper-hf"]
 
 

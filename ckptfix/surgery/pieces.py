@@ -69,6 +69,8 @@ def why_no_segmenter(info: Any) -> str | None:
         return None
     if info.kind == "clip-bpe":
         return "CLIP's tokenizer cleans and splits text with ftfy and regex; install both (pip install ftfy regex)"
+    if info.kind == "rwkv":
+        return "the RWKV vocab lacks some of the 256 single bytes: a greedy byte match cannot spell every text"
     if info.kind == "tiktoken:tiktoken":
         return "a tiktoken file of no known family: its pre-tokenizer pattern is unknown"
     if info.kind == "vocab.json":
