@@ -440,6 +440,23 @@ def test_a_vocab_json_without_merges_other_than_gpt2s_has_no_pieces(tmp_path):
     assert "without merges" in (pieces.why_no_segmenter(info) or "")
 
 
+def test_clip_folder_tokens_are_their_words(tmp_path):
+    """A CLIPTokenizer folder (transformers' own, made from the real merges) marks a word's last piece with
+    "</w>" as the merges file does: its token "return</w>" stands for the word "return" in both, not for
+    "return</w>" spelled in the old tokenizer's pieces."""
+    from transformers import CLIPTokenizer
+
+    from ckptfix.surgery.pieces import token_text
+
+    path = _cached(next(e for e in corpus.ENTRIES if e.name == "clip-bpe"))
+    simple = _clip_tokenizer(path)
+    merges = sorted(simple.bpe_ranks, key=simple.bpe_ranks.__getitem__)
+    CLIPTokenizer(vocab=dict(simple.encoder), merges=merges).save_pretrained(tmp_path)
+    for source in (path, tmp_path):
+        info = load_tokenizer(source)
+        assert [token_text(info, t) for t in ("return</w>", "ret", "</w>")] == ["return", "ret", "</w>"]
+
+
 def test_rwkv_vocab_without_every_byte_has_no_pieces_and_says_why(tmp_path):
     """rwkv's TRIE_TOKENIZER fails (an assert) on a text with a byte no token starts with; such a vocab gets
     no segmenter rather than one that spells some texts as WordPiece's unknown token."""

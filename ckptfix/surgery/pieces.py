@@ -395,8 +395,9 @@ def token_text(info: Any, token: str) -> str | None:
     GPT-2's byte alphabet ("Ġreturn": " return"), sentencepiece's ▁ and <0xNN> pieces, WordPiece's ##."""
     spelling = _spelling(info)
     if spelling == "byte":
-        if info.kind == "clip-bpe" and token.endswith("</w>"):  # CLIP's word end: "return</w>" is "return"
-            token = token[:-len("</w>")]
+        suffix = _word_end(info)
+        if suffix and token.endswith(suffix) and token != suffix:  # CLIP's word end: "return</w>" is "return"
+            token = token[:-len(suffix)]
         if all(c in _BYTE_VALUE for c in token):
             return bytes(_BYTE_VALUE[c] for c in token).decode("utf-8", errors="replace")
         return token
@@ -430,6 +431,26 @@ def _spelling(info: Any) -> str:
     if "'WordPiece'" in parts:
         return "wordpiece"
     return "meta" if "'Metaspace'" in parts or META in parts else "plain"
+
+
+@lru_cache(maxsize=4)
+def _word_end(info: Any) -> str:
+    """The suffix a BPE puts on a word's last piece ("</w>": CLIP's merges file, a CLIPTokenizer's tokenizer.json);
+    "" where none."""
+    if info.kind == "clip-bpe":
+        return "</w>"
+    if not Path(info.source).name.endswith(".json") or info.kind not in ("tokenizer.json", "hf-folder"):
+        return ""
+    from ckptfix.errors import CkptfixError
+    from ckptfix.untrusted import parse_json
+
+    try:
+        doc = parse_json(_read(Path(info.source)), info.source)
+    except CkptfixError:
+        return ""
+    model = doc.get("model") if isinstance(doc, dict) else None
+    suffix = model.get("end_of_word_suffix") if isinstance(model, dict) else None
+    return suffix if isinstance(suffix, str) else ""
 
 
 def spell(segmenter: Segmenter, text: str) -> list[int]:
