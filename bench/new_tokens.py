@@ -1,7 +1,7 @@
 """New tokens after a vocab change: HF resize_token_embeddings vs ckptfix `mean` vs ckptfix `pieces`.
 
 Not a test: `nice -n 10 python -m bench.new_tokens` prints the README "New tokens" tables (on a shared
-2-core machine: ~14 min of base training and ~41 min of resumes per head type; `--reuse-base` skips the former).
+2-core machine: 35 min for both heads and 3 seeds; `--reuse-base` skips the base training).
 
 Setup. Text: this Python's standard library sources (offline, real). Old tokenizer: a byte-level BPE
 (`tokenizers`, 1024 tokens) trained on them. New tokenizer: the old one plus NEW_WORDS frequent

@@ -8,7 +8,6 @@ a `ckptfix.json` sidecar for folders and bare state_dicts. The input is never mo
 from __future__ import annotations
 
 import datetime
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -299,6 +298,3 @@ def _tokenizer_ref(tok: Any) -> TokenizerRef:
 
     return TokenizerRef(os.path.abspath(tok.path), tok.size, fingerprint(tok))
 
-
-def record_json(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, indent=2, sort_keys=False) + "\n").encode()
