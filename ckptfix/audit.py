@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ckptfix.surgery.plan import RepairPlan
 
 CHANGED, KEPT, UNRESOLVED = "changed", "kept", "unresolved"
+_EMBEDDING_LIKE = re.compile(r"embed", re.IGNORECASE)  # a table looked up by ids, whatever its prefix
 MAX_DEPTH = 32  # configs and optimizer states nest a few levels; SECURITY.md's pickle depth bound is larger
 MAX_NODES = 1_000_000  # containers and leaves visited in one audit; a real checkpoint has far fewer
 
@@ -455,6 +456,28 @@ class _Context:
                                  "as its vocab size (and the head has): rows the model adds past the vocab "
                                  f"would be cut or moved as token rows", "CKF133",
                                  "none yet: resize it with the model's own resize_token_embeddings"))
+        return out + self.grown_embeddings(main, heads)
+
+    def grown_embeddings(self, main: int, heads: list) -> list[Value]:
+        """A table named like an embedding, as wide as the LM's head, with more rows than the LM's vocab, that
+        the plan leaves alone (CPM-Ant's `input_embedding`: vocab_size + 1024 prompt rows): the model class
+        builds it from the vocab size too, so written back at its old size the output does not load; which of
+        its rows are token rows nothing in the file records (past MAX_OFFSET it is not taken as Mllama's)."""
+        from ckptfix.vocab import NOT_VOCAB_NAMES, PER_LAYER
+
+        widths = {e.source.shape[1] for e in heads if len(e.source.shape) == 2}
+        out = []
+        for name, t in self.ckpt.model.items():
+            if name in self.plan.weights or name in self.plan.kept or name in self.keep or not t.is_float \
+                    or len(t.shape) != 2 or t.shape[1] not in widths or t.shape[0] <= main \
+                    or not _EMBEDDING_LIKE.search(name) or NOT_VOCAB_NAMES.search(name) or PER_LAYER.search(name):
+                continue
+            out.append(Value(name, f"{list(t.shape)} {t.dtype}", UNRESOLVED,
+                             f"named like an embedding, as wide as the head, with {t.shape[0] - main} row(s) past the "
+                             f"LM's {main}: which of its rows are token rows is not recorded, and left at its size "
+                             "the model built for the new vocab does not load", "CKF130",
+                             "--keep PATH if its rows are not token ids; else resize it with the model's own "
+                             "resize_token_embeddings"))
         return out
 
 

@@ -124,6 +124,23 @@ def test_mllama_new_ids_never_land_on_image_rows(tmp_path):
         assert not torch.equal(m[VOCAB:VOCAB + 3], b[VOCAB:VOCAB + 3])  # not the image rows' history
 
 
+def test_an_embedding_grown_past_the_vocab_is_refused_not_left(tmp_path):
+    """CPM-Ant's `input_embedding` holds vocab_size + 1024 prompt rows while its head has vocab_size: nothing in
+    the folder records which rows are tokens. Before, repair grew the head only and exited 0, and the output did
+    not load (size mismatch); now inspect names the table (CKF130) and repair exits 2 naming it and `--keep`."""
+    model = build_registry_model("cpmant", "CpmAntForCausalLM", VOCAB)
+    opt, sched = trainer_optimizer(model)
+    registry_step(model, opt, sched, VOCAB, seed=1)
+    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
+    report = ckptfix.inspect(str(src), tokenizer=str(grown))
+    flagged = [f for f in report.findings if f.code == "CKF130"]
+    assert flagged and "cpmant.input_embedding.weight" in flagged[0].message
+    with pytest.raises(ckptfix.CkptfixError, match=r"cpmant\.input_embedding\.weight .*--keep PATH"):
+        ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
+    assert not (tmp_path / "fixed").exists()
+
+
 def test_converted_key_layout_is_a_warning_not_a_count_error(tmp_path):
     """GTE: transformers 5 saves q/k/v and gate/up fused (31 tensors) while the optimizer holds the class's 41
     parameters: CKF205 (a warning naming the converted layout), not CKF202; a torch.save file with the same
