@@ -87,6 +87,13 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     vocab size is changed, kept with a reason, or repair refuses: `ckptfix.audit`), write, verify (OUT read
     back and compared with the plan: `ckptfix.verify`; on a difference OUT is removed and VerifyFailed raised).
     """
+    if out is not None and not in_place and _is_url(out):  # staged here, then published (ckptfix.publish)
+        from ckptfix.publish import repair_to_object_store
+
+        return repair_to_object_store(repair, os.fspath(checkpoint), tokenizer, os.fspath(out), force=force,
+                                      dry_run=dry_run, from_tokenizer=from_tokenizer, policy=policy, init=init,
+                                      std=std, pad_to_multiple_of=pad_to_multiple_of, trust_pickle=trust_pickle,
+                                      seed=seed, keep_ids=keep_ids, keep=keep, progress=progress)
     source = os.fspath(checkpoint)
     if in_place:
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
@@ -129,6 +136,15 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     finally:
         if hasher is not None:  # stop it pacing itself behind a copy that is not coming
             hasher.release()
+
+
+def _is_url(path: Any) -> bool:
+    """Whether `path` names object storage (`ckptfix.remote`, imported only when it may)."""
+    if "://" not in str(os.fspath(path)):
+        return False
+    from ckptfix.remote import is_url
+
+    return is_url(path)
 
 
 def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, trust_pickle: bool,
@@ -269,7 +285,7 @@ def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
     complete = bool(indices) and all(isinstance(n, str) for n in names)
     provenance = {
         "version": __version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "created": _created().isoformat(timespec="seconds"),
         "source": os.path.abspath(plan.ckpt.path),
         "source_sha256": source_sha256,
         "format": plan.ckpt.format,
@@ -292,6 +308,15 @@ def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
         scheduler_state="reset" if plan.reset_scheduler else "kept",
         provenance=provenance,
     )
+
+
+def _created() -> datetime.datetime:
+    """Now, or the time SOURCE_DATE_EPOCH names (the reproducible-builds convention): two repairs of the same
+    input then write the same bytes (the tests compare a repair published to object storage with a local one)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if epoch.isdigit() and len(epoch) <= 12:
+        return datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc)
+    return datetime.datetime.now(datetime.timezone.utc)
 
 
 def _tokenizer_ref(tok: Any) -> TokenizerRef:
