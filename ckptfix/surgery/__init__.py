@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -22,6 +23,7 @@ from ckptfix.io import BackgroundHash, check_output_path, output_target
 from ckptfix.record import REPAIR_SCHEMA, Record, TokenizerRef
 from ckptfix.surgery.plan import RepairPlan, make_plan
 from ckptfix.surgery.undo import restore
+from ckptfix.untrusted import resolve_url
 from ckptfix.verify import VerifyFailed, undo_write, verify_output
 
 RECORD_SCHEMA = REPAIR_SCHEMA
@@ -87,7 +89,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     vocab size is changed, kept with a reason, or repair refuses: `ckptfix.audit`), write, verify (OUT read
     back and compared with the plan: `ckptfix.verify`; on a difference OUT is removed and VerifyFailed raised).
     """
-    source = os.fspath(checkpoint)
+    source = os.fspath(resolve_url(checkpoint))
     if in_place:
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                 std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
@@ -98,6 +100,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
     # so it runs while the checkpoint and tokenizer are read and planned, and then during the copy.
     writes = not dry_run and out is not None and (force or not os.path.lexists(os.fspath(out)))
+    if writes and "://" not in os.fspath(out):  # type: ignore[arg-type]
+        _fetch_mirrored(source)
     paced = os.path.isfile(source)  # a single file is copied front to back: the hash can follow it
     hasher = BackgroundHash(source, paced=paced) if writes else None
     try:
@@ -129,6 +133,21 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     finally:
         if hasher is not None:  # stop it pacing itself behind a copy that is not coming
             hasher.release()
+
+
+def _fetch_mirrored(source: str) -> None:
+    """A source in object storage (`ckptfix.remote`) repaired into a local OUT: every byte is hashed for the
+    record and copied or rewritten, so all of it is fetched first (bounded requests, into the private
+    mirror), and the writers, the hash and the copies then read local bytes only."""
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is not None:
+        remote.fetch_all(source)
+
+
+def _named(path: str) -> str:
+    """A path as a record names it: absolute, or the URL of an object-store input."""
+    remote = sys.modules.get("ckptfix.remote")
+    return remote.source_name(path) if remote is not None else os.path.abspath(path)
 
 
 def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, trust_pickle: bool,
@@ -270,7 +289,7 @@ def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
     provenance = {
         "version": __version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": os.path.abspath(plan.ckpt.path),
+        "source": _named(plan.ckpt.path),
         "source_sha256": source_sha256,
         "format": plan.ckpt.format,
         "policy": plan.policy,
@@ -297,7 +316,7 @@ def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
 def _tokenizer_ref(tok: Any) -> TokenizerRef:
     from ckptfix.identity import fingerprint
 
-    return TokenizerRef(os.path.abspath(tok.path), tok.size, fingerprint(tok))
+    return TokenizerRef(_named(tok.path), tok.size, fingerprint(tok))
 
 
 def record_json(record: dict[str, Any]) -> bytes:
