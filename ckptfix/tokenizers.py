@@ -19,7 +19,7 @@ from typing import Any
 
 from ckptfix.errors import TokenizerError
 from ckptfix.protobuf import varint as _varint
-from ckptfix.untrusted import MAX_TOKENIZER_BYTES, input_root, parse_json, read_bounded
+from ckptfix.untrusted import MAX_TOKENIZER_BYTES, input_root, parse_json, read_bounded, resolve_url
 
 __all__ = ["TokenizerInfo", "load_tokenizer"]
 
@@ -88,7 +88,7 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
 
     Raises TokenizerError (one line, naming the path) for anything that is not a readable tokenizer.
     """
-    p = Path(os.fspath(path))
+    p = Path(os.fspath(resolve_url(path)))
     try:
         is_dir, exists = p.is_dir(), p.exists()
     except OSError as exc:  # e.g. a name too long for the file system

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import stat
+import sys
 from typing import Any, BinaryIO
 
 from ckptfix.errors import CorruptInput, UnreadableCheckpoint
@@ -121,6 +122,16 @@ def check_inside(path: str | os.PathLike, *, error: type[Exception] = Unreadable
                         "itself")
 
 
+def resolve_url(path: Any) -> Any:
+    """`path` itself, or for a URL (`s3://...`: `ckptfix.remote`) the local path of its sparse mirror, whose
+    bytes are fetched as they are read. The remote module is imported only when a URL is named."""
+    if isinstance(path, (str, os.PathLike)) and "://" in str(os.fspath(path)):
+        from ckptfix import remote
+
+        return remote.local_path(path)
+    return path
+
+
 def open_regular(path: str | os.PathLike, *, error: type[Exception] = UnreadableCheckpoint) -> BinaryIO:
     """Open a regular file for reading. A FIFO or device would block or never end: refused from `stat`
     first (a FIFO is never opened), then the open is non-blocking and the check repeated on the opened
@@ -138,7 +149,8 @@ def open_regular(path: str | os.PathLike, *, error: type[Exception] = Unreadable
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise error(f"{shown}: not a regular file (a {_kind(mode)})")
-    return os.fdopen(fd, "rb")
+    remote = sys.modules.get("ckptfix.remote")  # imported only once a URL was named: else no mirror exists
+    return remote.wrap(os.fdopen(fd, "rb"), path) if remote is not None else os.fdopen(fd, "rb")
 
 
 def read_bounded(path: str | os.PathLike, limit: int, *, what: str = "file",

@@ -6,13 +6,15 @@ Reading parses the zip central directory and the pickle only: tensor records are
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
+import sys
 import zipfile
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
@@ -110,7 +112,7 @@ class TorchArchive:
             raise UnreadableCheckpoint(f"{self.path}: {suffix} inflates {info.compress_size:,} bytes to "
                                        f"{info.file_size:,}; refusing to inflate it (a zip bomb?)")
         try:
-            with zipfile.ZipFile(self.path) as zf, zf.open(info) as member:
+            with _zip_file(self.path) as zf, zf.open(info) as member:
                 return _read_at_most(member, info.file_size, f"{self.path}: {suffix}")
         except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError,
                 zlib.error, _LZMAError) as exc:  # zlib/lzma: a corrupt compressed member
@@ -142,9 +144,23 @@ def sniff(head: bytes) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _zip_file(path: str) -> Iterator[zipfile.ZipFile]:
+    """zipfile on `path`; for an object in object storage, on a file that fetches what zipfile reads
+    (its end records, central directory and the members it opens), never the records between."""
+    remote = sys.modules.get("ckptfix.remote")
+    source: Any = remote.reader(path) if remote is not None else path
+    try:
+        with zipfile.ZipFile(source) as zf:
+            yield zf
+    finally:
+        if source is not path:
+            source.close()
+
+
 def open_archive(path: str) -> TorchArchive:
     try:
-        with zipfile.ZipFile(path) as zf:
+        with _zip_file(path) as zf:
             infos = zf.infolist()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error, NotImplementedError, OverflowError) as exc:
         # NotImplementedError: a damaged "version needed to extract" field ("zip file version 6.4")
@@ -244,6 +260,9 @@ def _load_legacy(path: str, opaque: bool, refusals: list[str] | None = None) -> 
     The file is mapped, never read whole: only the pickles at its head are copied out (each bounded by
     MAX_PICKLE_BYTES), and each storage costs an 8-byte pread of its size; its bytes stay in the file.
     A plain map, not `file_map`'s: finding a pickle's end indexes it byte by byte, in C."""
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is not None:  # the pickles are found by scanning the map in C: an object is fetched whole
+        remote.ensure_file(path)
     with open(path, "rb") as f:
         try:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
