@@ -22,6 +22,7 @@ only ever read.
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import shutil
@@ -57,7 +58,12 @@ class Provenance:
 
     def __init__(self, staging: str):
         self.staging = os.path.realpath(staging)
-        self.copies: dict[str, list[Copy]] = {}
+        # by the staged file's (device, inode): the writers fill temporary names they rename into place
+        self.copies: dict[tuple[int, int], list[Copy]] = {}
+
+    def copies_of(self, local: str) -> list[Copy]:
+        st = os.stat(local)
+        return sorted(self.copies.get((st.st_dev, st.st_ino), []), key=lambda c: c.dst_pos)
 
     def __call__(self, src_local: str, src_pos: int, dst_fd: int, dst_pos: int, size: int) -> bool:
         from ckptfix import remote
@@ -73,7 +79,8 @@ class Provenance:
         whole = src_pos == 0 and size == obj.size
         if size < MIN_PART and not whole:  # too small for a part of its own: fetched, uploaded with neighbours
             return False
-        self.copies.setdefault(dst, []).append(Copy(dst_pos, obj.key, src_pos, size))
+        st = os.fstat(dst_fd)
+        self.copies.setdefault((st.st_dev, st.st_ino), []).append(Copy(dst_pos, obj.key, src_pos, size))
         return True
 
 
@@ -115,7 +122,6 @@ def publish(staged: str, out_url: str, provenance: Provenance | None = None,
 
     fs, root = remote.filesystem(out_url)
     root = root.rstrip("/")
-    copies = provenance.copies if provenance is not None else {}
     if os.path.isdir(staged):
         rels = []
         for folder, _dirs, files in os.walk(staged):
@@ -128,7 +134,7 @@ def publish(staged: str, out_url: str, provenance: Provenance | None = None,
         for local, key in plan:
             if before_upload is not None:
                 before_upload(key)
-            _upload(fs, local, key, sorted(copies.get(os.path.realpath(local), []), key=lambda c: c.dst_pos), done)
+            _upload(fs, local, key, provenance.copies_of(local) if provenance is not None else [], done)
             done.objects.append(key)
     except BaseException as exc:
         _take_back(fs, done.objects)
@@ -329,3 +335,99 @@ def repair_to_object_store(repair: Callable[..., Any], source: str, tokenizer: A
         return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# --- --in-place on a prefix in object storage, and its restore ------------------------------------------
+
+def _inodes(folder: str) -> dict[str, int]:
+    """relative name -> inode of every file under `folder`. The writers never change a file of the input:
+    they add files and replace or move old ones (a new inode, or an old one under a new name), while a
+    mirror file being fetched keeps its inode (its size and times say nothing)."""
+    out = {}
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            out[os.path.relpath(path, folder).replace(os.sep, "/")] = os.lstat(path).st_ino
+    return out
+
+
+def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: str, tokenizer: Any, out: Any,
+                                    **options: Any) -> Any:
+    """`repair --in-place` of a DCP/Megatron/sharded-safetensors prefix: the in-place writer works on the
+    prefix's sparse mirror (fetching what it reads), then only what it added or replaced is published: new
+    data files (their unchanged ranges copied inside the store), the backups (`NAME.ckptfix-bak`: a
+    server-side copy of the old object when the writer moved it aside), the restore list, the replaced files,
+    and the switch object (`.metadata`, the index) last. `ckptfix restore URL` undoes it."""
+    from ckptfix import remote
+    from ckptfix.surgery.undo import RESTORE_FILE
+
+    if out is not None and os.fspath(out).rstrip("/") != url.rstrip("/"):
+        raise RepairError("--in-place writes into the checkpoint itself; drop -o/--out")
+    folder = remote.local_path(url)
+    mirror = remote.mirror_of(folder)
+    if mirror is None or not os.path.isdir(folder):
+        raise RepairError(f"{remote._shown_url(url)}: --in-place needs a prefix (a DCP, Megatron or sharded "
+                          "safetensors folder), not one object")
+    before = _inodes(folder)
+    provenance = Provenance(folder)
+    with remote.recording_copies(provenance):
+        result = repair_in_place(folder, tokenizer, None, **options)
+    if result.dry_run or result.output is None:
+        result.output = mirror.url if result.dry_run else None
+        return result
+    after = _inodes(folder)
+    lists = [n for n in after if posixpath.basename(n) == RESTORE_FILE and n not in before]
+    if len(lists) != 1:
+        raise RepairError(f"internal: the in-place repair left {len(lists)} restore lists under {mirror.url}")
+    restore_list = lists[0]
+    with open(os.path.join(folder, *restore_list.split("/")), "rb") as f:  # ckptfix's own, just written
+        switch = posixpath.join(posixpath.dirname(restore_list), json.loads(f.read())["switch"])
+    old_by_inode = {inode: name for name, inode in before.items()}
+    changed = sorted(n for n, v in after.items() if before.get(n) != v)
+    fs = mirror.fs
+    root = mirror.key
+    done = Published()
+    order = [n for n in changed if n not in before and n != restore_list] + [restore_list] + \
+        [n for n in changed if n in before and n != switch] + [switch]
+    for name in order:
+        local, key = os.path.join(folder, *name.split("/")), f"{root}/{name}"
+        moved_from = old_by_inode.get(after[name])
+        if moved_from is not None and moved_from != name:
+            fs.copy(f"{root}/{moved_from}", key)  # a backup moved aside: the old object, copied in the store
+            done.copied += os.path.getsize(local)
+        else:
+            _upload(fs, local, key, provenance.copies_of(local), done)
+        done.objects.append(key)
+    fs.invalidate_cache()
+    result.output = mirror.url
+    if result.backup:
+        result.backup = remote.shown(result.backup)
+    result.notes.append(done.note(mirror.url) + "; undo: ckptfix restore " + mirror.url)
+    return result
+
+
+def restore_in_object_store(url: str) -> list[str]:
+    """`ckptfix restore URL`: the restore list checked as for a folder (on the prefix's mirror), then the
+    backups copied back over their names inside the store (the switch object first), the backups, the added
+    objects and the restore list deleted."""
+    from ckptfix import remote
+    from ckptfix.surgery.undo import RESTORE_FILE, _read_restore_list, restore
+
+    folder = remote.local_path(url)
+    mirror = remote.mirror_of(folder)
+    if mirror is None or not os.path.isdir(folder):
+        raise RepairError(f"{remote._shown_url(url)}: no in-place repair to undo ({RESTORE_FILE} missing)")
+    switch, backups, added = _read_restore_list(folder)
+    done = restore(folder)  # every check of a local restore, on the mirror (nothing remote touched yet)
+    fs, root = mirror.fs, mirror.key
+    try:
+        for name in sorted(backups, key=lambda n: n != switch):  # the checkpoint's switch first
+            fs.copy(f"{root}/{backups[name]}", f"{root}/{name}")
+        for name in [*backups.values(), *added, RESTORE_FILE]:
+            if fs.exists(f"{root}/{name}"):
+                fs.rm_file(f"{root}/{name}")
+    except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
+        raise remote.storage_error(url, exc) from None
+    finally:
+        fs.invalidate_cache()
+    return done

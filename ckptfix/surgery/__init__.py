@@ -96,6 +96,14 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
                                       dry_run=dry_run, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                       std=std, pad_to_multiple_of=pad_to_multiple_of, trust_pickle=trust_pickle,
                                       seed=seed, keep_ids=keep_ids, keep=keep, progress=progress)
+    if in_place and _is_url(checkpoint):  # written on the prefix's mirror, then published (ckptfix.publish)
+        from ckptfix.publish import repair_in_place_in_object_store
+
+        return repair_in_place_in_object_store(_repair_in_place, os.fspath(checkpoint), tokenizer, out,
+                                               from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
+                                               pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
+                                               trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids,
+                                               keep=tuple(keep), progress=progress)
     source = os.fspath(resolve_url(checkpoint))
     if in_place:
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,

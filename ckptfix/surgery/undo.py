@@ -104,7 +104,15 @@ def restore(folder: str) -> list[str]:
 
     The restore list is an input like any other: a bounded regular file, typed, every name a plain entry of
     the folder (no separator, no `..`), each backup the name's own `NAME.ckptfix-bak`; and nothing is removed
-    that the restored metadata or index references. Any doubt: exit 2, nothing touched."""
+    that the restored metadata or index references. Any doubt: exit 2, nothing touched. A URL (an in-place
+    repair of a prefix in object storage) is restored there (`ckptfix.publish.restore_in_object_store`)."""
+    if "://" in folder:
+        from ckptfix.remote import is_url
+
+        if is_url(folder):
+            from ckptfix.publish import restore_in_object_store
+
+            return restore_in_object_store(folder)
     switch, backups, added = _read_restore_list(folder)
     keep = _referenced(folder, switch, backups[switch])
     needed = sorted(set(added) & keep)
