@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -248,3 +249,154 @@ def test_inspect_cost_is_bounded_by_the_metadata(s3, tmp_path, kind):
     assert large > 8 * small
     assert req_large == req_small, costs
     assert bytes_large < MAX_BYTES and bytes_small < MAX_BYTES, costs
+
+
+# --- repair from s3:// into a local OUT ----------------------------------------------------------------
+
+def _normal_record(record: dict) -> dict:
+    """A record without what names the run rather than the result: when it was made, and the input's
+    spelling (a path here, a URL there)."""
+    record = json.loads(json.dumps(record, default=str))
+    for part in (record, record.get("provenance") or {}):
+        part.pop("created", None)
+        part.pop("source", None)
+    for key in ("tokenizer", "from_tokenizer"):
+        if isinstance(record.get(key), dict):
+            record[key].pop("path", None)
+    return record
+
+
+def _same_tree(a, b, where: str) -> None:
+    import torch
+
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        bits_a, bits_b = (t.reshape(-1).contiguous().view(torch.uint8) for t in (a, b))
+        assert torch.equal(bits_a, bits_b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and list(a) == list(b), where
+        for key in a:
+            if key == "ckptfix":
+                assert _normal_record(a[key]) == _normal_record(b[key]), where
+            else:
+                _same_tree(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same_tree(x, y, f"{where}[{i}]")
+    else:
+        assert a == b or (a != a and b != b), where
+
+
+def _same_output(a: Path, b: Path) -> None:
+    """Two repair outputs: every file byte for byte, except where the record (its time and the input's
+    name) lives: a JSON record equal without those, a torch.save file equal value by value (tensors bit
+    for bit, dtypes included) and in every zip record but data.pkl."""
+    import zipfile
+
+    import torch
+
+    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file()) if a.is_dir() else [Path()]
+    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()) if b.is_dir() else [Path()]
+    assert files_a == files_b
+    for rel in files_a:
+        fa, fb = a / rel, b / rel
+        if fa.read_bytes() == fb.read_bytes():
+            continue
+        if fa.name.endswith(".json"):
+            assert _normal_record(json.loads(fa.read_text())) == _normal_record(json.loads(fb.read_text())), rel
+            continue
+        with zipfile.ZipFile(fa) as za, zipfile.ZipFile(fb) as zb:
+            assert za.namelist() == zb.namelist(), rel
+            for name in za.namelist():
+                # data.pkl holds the record; serialization_id is new at each save (torch.save's too)
+                if not name.endswith(("/data.pkl", "/.data/serialization_id")):
+                    assert za.read(name) == zb.read(name), f"{rel}: {name}"
+        _same_tree(torch.load(fa, weights_only=True), torch.load(fb, weights_only=True), str(rel))
+
+
+def _repairs_alike(s3, local: Path, url: str, tokenizer: object, tmp_path: Path, *extra: object) -> None:
+    name = local.name if local.is_dir() else f"fixed{local.suffix}"
+    here = run("repair", local, "-t", tokenizer, "-o", tmp_path / "here" / name, *extra)
+    assert here.exit_code == 0, here
+    s3.counter.reset()
+    there = run("repair", url, "-t", tokenizer, "-o", tmp_path / "there" / name, *extra)
+    assert there.exit_code == 0, there
+    assert there.stdout == here.stdout.replace(str(local), url.rstrip("/")).replace(
+        str(tmp_path / "here"), str(tmp_path / "there"))
+    _same_output(tmp_path / "here" / name, tmp_path / "there" / name)
+    # the input was read once: every byte at most once over the wire (plus listings and request XML)
+    assert s3.counter.bytes_out < _sizes(local) + 64 * 1024, s3.counter.summary()
+
+
+@pytest.fixture
+def out_dirs(tmp_path):
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    return tmp_path
+
+
+def test_repair_of_a_torch_file_from_s3_equals_the_local_repair(s3, out_dirs):
+    s3.upload(str(SEED / "ckpt.pth"), s3.url("run/ckpt.pth"))
+    _repairs_alike(s3, SEED / "ckpt.pth", s3.url("run/ckpt.pth"), SEED / "tokenizer.model", out_dirs)
+
+
+def test_repair_of_a_safetensors_file_from_s3_equals_the_local_repair(s3, out_dirs):
+    from safetensors.torch import save_file
+    from tokenizer_factory import train_bpe_tokenizer_json
+
+    path = out_dirs / "model.safetensors"
+    save_file(_torch_run(300, 16).model.state_dict(), str(path))
+    tok = train_bpe_tokenizer_json(out_dirs, 320, name="bpe320.json")
+    s3.upload(str(path), s3.url("w/model.safetensors"))
+    _repairs_alike(s3, path, s3.url("w/model.safetensors"), tok, out_dirs)
+
+
+def test_repair_of_a_dcp_folder_from_s3_equals_the_local_repair(s3, out_dirs):
+    from tokenizer_factory import train_bpe_tokenizer_json
+
+    path = _dcp_checkpoint(out_dirs / "step-3", 300, 16)
+    tok = train_bpe_tokenizer_json(out_dirs, 320, name="bpe320.json")
+    s3.upload(str(path), s3.url("run/step-3"))
+    _repairs_alike(s3, path, s3.url("run/step-3"), tok, out_dirs)
+
+
+def test_repair_of_a_megatron_folder_from_s3_equals_the_local_repair(s3, out_dirs):
+    from test_formats_megatron import OLD_TOKENS
+    from tokenizer_factory import extend_tokenizer_json, train_bpe_tokenizer_json
+
+    old = train_bpe_tokenizer_json(out_dirs, OLD_TOKENS, name="tok-200.json")
+    new = extend_tokenizer_json(old, out_dirs / "tok-300.json", [f"new{i}" for i in range(100)])
+    path = ROOT / "fixtures" / "megatron" / "small-tp2-dp2-adam"
+    s3.upload(str(path), s3.url("megatron/adam"))
+    _repairs_alike(s3, path, s3.url("megatron/adam"), new, out_dirs)
+
+
+@pytest.mark.transformers
+def test_repair_of_a_sharded_hf_folder_from_s3_equals_the_local_repair(s3, out_dirs):
+    transformers = pytest.importorskip("transformers")
+    import torch
+    from tokenizer_factory import train_bpe_tokenizer_json
+
+    torch.manual_seed(0)
+    path = out_dirs / "gpt2"
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2)
+    transformers.GPT2LMHeadModel(config).save_pretrained(path, max_shard_size="10KB")
+    tok = train_bpe_tokenizer_json(out_dirs, 80, name="bpe80.json")
+    s3.upload(str(path), s3.url("hf/gpt2"))
+    _repairs_alike(s3, path, s3.url("hf/gpt2"), tok, out_dirs)
+
+
+def test_diff_of_two_urls_equals_the_local_diff(s3, tmp_path):
+    from ckpt_factory import save_checkpoint, train
+
+    run_ = _torch_run(300, 16)
+    a = save_checkpoint(run_, tmp_path / "a.pth")
+    b = save_checkpoint(train(run_, 2), tmp_path / "b.pth")
+    s3.upload(str(a), s3.url("d/a.pth"))
+    s3.upload(str(b), s3.url("d/b.pth"))
+    for as_json in ([], ["--json"]):
+        here = run("diff", a, b, *as_json)
+        there = run("diff", s3.url("d/a.pth"), s3.url("d/b.pth"), *as_json)
+        assert here.exit_code == there.exit_code == 0
+        assert there.stdout == here.stdout.replace(str(a), s3.url("d/a.pth")).replace(str(b), s3.url("d/b.pth"))
