@@ -220,9 +220,8 @@ class Mirror:
 
     def _build(self) -> None:
         entries = self._list()
-        if entries is None:  # one object
-            info = self._call(self.fs.info, self.key)
-            self._add(self.path, self.key, int(info.get("size") or 0))
+        if isinstance(entries, int):  # one object, of this size
+            self._add(self.path, self.key, entries)
             return
         os.mkdir(self.path, 0o700)
         for key, size in entries:
@@ -236,8 +235,8 @@ class Mirror:
             os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
             self._add(local, key, size)
 
-    def _list(self) -> list[tuple[str, int]] | None:
-        """The prefix's objects (key, size), or None when the URL names one object. Bounded: MAX_OBJECTS."""
+    def _list(self) -> list[tuple[str, int]] | int:
+        """The prefix's objects (key, size), or the size when the URL names one object. Bounded: MAX_OBJECTS."""
         found: list[tuple[str, int]] = []
         try:
             for root, _dirs, files in self.fs.walk(self.key, detail=True):
@@ -255,9 +254,10 @@ class Mirror:
         found = [(k, s) for k, s in found if k != self.key and k.startswith(self.key + "/")]
         if found:
             return sorted(found)
-        if self._call(self.fs.isfile, self.key):
-            return None
-        raise UnreadableCheckpoint(f"{_shown_url(self.url)}: no such object or prefix")
+        info = self._call(self.fs.info, self.key)  # not `isfile`: it answers False for "access denied" too
+        if info.get("type") != "file":
+            raise UnreadableCheckpoint(f"{_shown_url(self.url)}: no such object or prefix")
+        return int(info.get("size") or 0)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:

@@ -400,3 +400,93 @@ def test_diff_of_two_urls_equals_the_local_diff(s3, tmp_path):
         there = run("diff", s3.url("d/a.pth"), s3.url("d/b.pth"), *as_json)
         assert here.exit_code == there.exit_code == 0
         assert there.stdout == here.stdout.replace(str(a), s3.url("d/a.pth")).replace(str(b), s3.url("d/b.pth"))
+
+
+# --- errors: one line, exit 2, nothing secret ----------------------------------------------------------
+
+SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+def _one_line(result: Result, *words: str) -> str:
+    assert result.exit_code == 2, result
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in result.stderr, result.stderr
+    assert SECRET not in result.stderr + result.stdout
+    return result.stderr
+
+
+def test_a_missing_object_or_bucket_is_one_line(s3, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    _one_line(run("inspect", s3.url("nothing/here.pth")), s3.url("nothing/here.pth"), "no such object or prefix")
+    _one_line(run("inspect", "s3://no-such-bucket-ckptfix/x.pth"), "no such object or prefix")
+    result = run("inspect", s3.url("nothing/here.pth"), "--json")
+    assert json.loads(result.stdout)["error"]["kind"] == "bad_input"
+    _one_line(run("inspect", SEED / "ckpt.pth", "-t", s3.url("tok/none.model")), "no such")
+
+
+def test_missing_credentials_are_one_line(s3, monkeypatch):
+    import s3fs
+
+    s3.upload(str(SEED / "ckpt.pth"), s3.url("run/ckpt.pth"))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    s3fs.S3FileSystem.clear_instance_cache()
+    _one_line(run("inspect", s3.url("run/ckpt.pth")), "no usable credentials")
+
+
+def test_access_denied_is_one_line_without_the_key(s3, monkeypatch):
+    """A user of the server's own IAM allowed to list the bucket but not to read its objects."""
+    import boto3
+    import s3fs
+    from moto import settings
+
+    s3.upload(str(SEED / "ckpt.pth"), s3.url("run/ckpt.pth"))
+    iam = boto3.client("iam", endpoint_url=s3.server.endpoint, region_name="us-east-1")
+    iam.create_user(UserName="lister")
+    policy = {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "*"}]}
+    iam.put_user_policy(UserName="lister", PolicyName="list", PolicyDocument=json.dumps(policy))
+    key = iam.create_access_key(UserName="lister")["AccessKey"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", key["SecretAccessKey"])
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks IAM from now on
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        line = _one_line(run("inspect", s3.url("run/ckpt.pth")), "access denied")
+    finally:
+        monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", float("inf"))
+        s3fs.S3FileSystem.clear_instance_cache()
+    assert key["SecretAccessKey"] not in line and key["AccessKeyId"] not in line
+
+
+def test_a_missing_backend_names_its_pip_line():
+    pytest.importorskip("fsspec")
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        _one_line(run("inspect", "gs://bucket/run/ckpt.pth"), "gcsfs", "pip install 'ckptfix[gcs]'")
+    else:
+        pytest.skip("gcsfs is installed here")
+
+
+def test_signed_url_parts_are_not_printed():
+    assert remote.storage_error("s3://user:pw@bucket/key?X-Amz-Signature=abc123", PermissionError()).args[0] == \
+        "s3://bucket/key: access denied by the object store (the credentials lack read permission)"
+
+
+def test_listing_is_bounded_and_keys_stay_inside_the_prefix(s3, tmp_path, monkeypatch):
+    folder = tmp_path / "many"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"f{i}.json").write_text("{}")
+    s3.upload(str(folder), s3.url("many"))
+    monkeypatch.setattr(remote, "MAX_OBJECTS", 3)
+    _one_line(run("inspect", s3.url("many")), "more than 3 objects")
+    monkeypatch.setattr(remote, "MAX_OBJECTS", 100)
+    s3.client.put_object(Bucket=s3.name, Key="evil/a/../../../escape.json", Body=b"{}")
+    s3.client.put_object(Bucket=s3.name, Key="evil/model.safetensors", Body=b"x")
+    _one_line(run("inspect", s3.url("evil")), "refusing a prefix whose keys would climb out of it")
+    import tempfile
+
+    assert not (Path(tempfile.gettempdir()) / "escape.json").exists()  # where the key would have led
