@@ -552,6 +552,11 @@ def recording_copies(recorder: CopyRecorder) -> Iterator[None]:
         _recorder = previous
 
 
+def recording() -> bool:
+    """Whether copies out of mirror files are being recorded (a repair staged for an object-store OUT)."""
+    return _recorder is not None
+
+
 def record_copy(src_fd: int, src_pos: int, dst_fd: int, dst_pos: int, size: int) -> bool:
     """Called by `io.copy_range`/`clone_file`/`clone_records` before copying: True when the copy was
     recorded instead (see `recording_copies`); otherwise the source range is fetched and False returned

@@ -19,12 +19,13 @@ with the reason when one is missing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
 from collections import Counter as _Tally
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 
@@ -134,12 +135,24 @@ class Counter:
         )
 
 
+@dataclass
+class _Rule:
+    """What the server does to a request matching `matches`: hold it until `release` is set (after setting
+    `reached`), or answer it with an S3 error instead of serving it."""
+
+    matches: Callable[[Request], bool]
+    error: tuple[int, str] | None = None
+    reached: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+
 class _CountingApp:
-    """WSGI middleware: records each request and counts its body bytes in and out."""
+    """WSGI middleware: records each request and counts its body bytes in and out; applies the rules."""
 
     def __init__(self, app: Any, counter: Counter):
         self.app = app
         self.counter = counter
+        self.rules: list[_Rule] = []
 
     def __call__(self, environ: dict, start_response: Any) -> Iterator[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -150,8 +163,23 @@ class _CountingApp:
         request.bytes_in = int(environ.get("CONTENT_LENGTH") or 0)
         with self.counter.lock:
             self.counter.requests.append(request)
+        for rule in list(self.rules):
+            if rule.matches(request):
+                rule.reached.set()
+                if rule.error is not None:
+                    return self._error(rule.error, environ, start_response)
+                rule.release.wait(60)
         body = self.app(environ, start_response)
         return self._counted(body, request)
+
+    @staticmethod
+    def _error(error: tuple[int, str], environ: dict, start_response: Any) -> list[bytes]:
+        environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))  # the client is sending it
+        status, code = error
+        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code><Message>refused by the '
+                f"test</Message></Error>").encode()
+        start_response(f"{status} Refused", [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))])
+        return [body]
 
     @staticmethod
     def _counted(body: Any, request: Request) -> Iterator[bytes]:
@@ -177,13 +205,15 @@ class S3Server:
 
         counter = Counter()
         self.counter = counter
+        self.app: _CountingApp | None = None
+        outer = self
 
         class _Counted(ThreadedMotoServer):
             def _server_entry(self) -> None:  # moto's own entry, the app wrapped
                 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
                 from werkzeug.serving import make_server
 
-                app = _CountingApp(DomainDispatcherApplication(create_backend_app), counter)
+                app = outer.app = _CountingApp(DomainDispatcherApplication(create_backend_app), counter)
                 self._server = make_server(self._ip_address, self._port, app, True)
                 self._server_ready_event.set()
                 self._server.serve_forever()
@@ -198,6 +228,31 @@ class S3Server:
         # AWS_ENDPOINT_URL is read by botocore (boto3, aiobotocore under s3fs) when a client is made;
         # FSSPEC_S3_ENDPOINT_URL by fsspec's config when fsspec is first imported (a subprocess).
         return {**FAKE_ENV, "AWS_ENDPOINT_URL": self.endpoint, "FSSPEC_S3_ENDPOINT_URL": self.endpoint}
+
+    @contextlib.contextmanager
+    def hold(self, matches: Callable[[Request], bool]) -> Iterator[threading.Event]:
+        """Requests matching `matches` wait (up to 60 s) until the block ends; yields the event set when the
+        first one arrives (a test kills a client mid-upload there)."""
+        rule = _Rule(matches)
+        assert self.app is not None
+        self.app.rules.append(rule)
+        try:
+            yield rule.reached
+        finally:
+            rule.release.set()
+            self.app.rules.remove(rule)
+
+    @contextlib.contextmanager
+    def refuse(self, matches: Callable[[Request], bool], status: int = 403,
+               code: str = "AccessDenied") -> Iterator[threading.Event]:
+        """Requests matching `matches` are answered with an S3 error while the block runs."""
+        rule = _Rule(matches, error=(status, code))
+        assert self.app is not None
+        self.app.rules.append(rule)
+        try:
+            yield rule.reached
+        finally:
+            self.app.rules.remove(rule)
 
     def stop(self) -> None:
         self._moto.stop()
