@@ -22,6 +22,13 @@ import pytest
 from ckptfix import remote
 from ckptfix.cli import main
 
+try:  # the DeepSpeed universal folder of the repair tests (a real 2-rank run: -m long)
+    from test_repair_deepspeed_universal import universal  # noqa: F401
+except (ImportError, pytest.skip.Exception):  # no deepspeed here
+    @pytest.fixture
+    def universal():
+        pytest.skip("needs deepspeed")
+
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "fixtures" / "seed001"
 
@@ -187,6 +194,27 @@ def test_sharded_safetensors_index_inspects_as_the_local_copy(s3, tmp_path):
     assert (path / "model.safetensors.index.json").exists()
     s3.upload(str(path), s3.url("hf/gpt2"))
     _same_report(s3, path, s3.url("hf/gpt2"))
+
+
+@pytest.mark.long
+@pytest.mark.deepspeed
+def test_deepspeed_universal_folder_inspects_as_the_local_copy(s3, universal):
+    """A real 2-rank ZeRO run converted by DeepSpeed's ds_to_universal (the repair tests' fixture)."""
+    folder = universal[1]
+    s3.upload(str(folder), s3.url("ds/global_step3_universal"))
+    _same_report(s3, folder, s3.url("ds/global_step3_universal"))
+
+
+def test_file_urls_go_through_the_same_mirror(tmp_path):
+    """`file://` (fsspec's local store): the same ranged reads, no server."""
+    from tokenizer_factory import train_bpe_tokenizer_json
+
+    path = _dcp_checkpoint(tmp_path / "step-3", 300, 16)
+    tok = train_bpe_tokenizer_json(tmp_path, 320, name="bpe320.json")
+    here = run("inspect", path, "-t", tok, "--json")
+    there = run("inspect", f"file://{path}", "-t", f"file://{tok}", "--json")
+    assert here.exit_code == there.exit_code == 1
+    assert there.stdout == here.stdout.replace(str(path), f"file://{path}").replace(str(tok), f"file://{tok}")
 
 
 # --- tokenizers from URLs -----------------------------------------------------------------------------
