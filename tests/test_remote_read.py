@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -518,3 +519,29 @@ def test_listing_is_bounded_and_keys_stay_inside_the_prefix(s3, tmp_path, monkey
     import tempfile
 
     assert not (Path(tempfile.gettempdir()) / "escape.json").exists()  # where the key would have led
+
+
+def test_readme_object_storage_block_runs(s3, tmp_path, monkeypatch):
+    """README's object-storage block: each extra it names exists, and its commands run against the server
+    (`bucket` standing for the test's bucket)."""
+    import shlex
+
+    from test_docs import README, _code_blocks
+    from tokenizer_factory import train_bpe_tokenizer_json
+
+    block = next(body for _, body in _code_blocks(README.read_text(encoding="utf-8")) if "ckptfix[s3]" in body)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    extras = set(re.findall(r"(?m)^(\w+) = \[", pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0]))
+    assert set(re.findall(r"\[(\w+)\]", block)) <= extras, extras
+    s3.upload(str(_dcp_checkpoint(tmp_path / "step-100", 300, 16)), s3.url("run/step-100"))
+    s3.upload(train_bpe_tokenizer_json(tmp_path, 320, name="tokenizer.json"), s3.url("tokenizer.json"))
+    s3.upload(str(SEED / "ckpt.pth"), s3.url("run/ckpt.pth"))
+    (tmp_path / "tok.model").write_bytes((SEED / "tokenizer.model").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    commands = [line.split("#")[0] for line in block.splitlines() if line.startswith("ckptfix ")]
+    assert len(commands) == 2
+    for line in commands:
+        args = shlex.split(line.replace("s3://bucket/", s3.url("")))[1:]
+        result = run(*args)
+        assert result.exit_code in (0, 1) and not result.stderr, result
+    assert (tmp_path / "ckpt.fixed.pth").is_file()
