@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -545,3 +546,28 @@ def test_readme_object_storage_block_runs(s3, tmp_path, monkeypatch):
         result = run(*args)
         assert result.exit_code in (0, 1) and not result.stderr, result
     assert (tmp_path / "ckpt.fixed.pth").is_file()
+
+
+def test_cli_process_reads_s3_without_torch_and_leaves_no_mirror(s3, tmp_path):
+    """`ckptfix inspect s3://...` as a user runs it: a process of its own (the endpoint and fake credentials
+    from the environment, strict reads from CKPTFIX_STRICT_READS), torch never imported, and the private
+    mirror folder gone when it exits, after a report and after an error alike."""
+    import subprocess
+    import sys
+
+    s3.upload(str(SEED / "ckpt.pth"), s3.url("run/ckpt.pth"))
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp), "CKPTFIX_STRICT_READS": "1", "PYTHONPATH": str(ROOT)}
+    probe = ("import sys; from ckptfix.cli import main\n"
+             "try:\n    main(sys.argv[1:])\n"
+             "finally:\n    print('torch imported' if 'torch' in sys.modules else 'no torch', file=sys.stderr)")
+    for url, code in ((s3.url("run/ckpt.pth"), 1), (s3.url("run/missing.pth"), 2)):
+        result = subprocess.run([sys.executable, "-c", probe, "inspect", url, "--scan", "-t", SEED / "tokenizer.model"],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert result.returncode == code, result.stderr
+        assert result.stderr.endswith("no torch\n"), result.stderr
+        assert list(tmp.iterdir()) == []
+    assert "CKF102" in subprocess.run([sys.executable, "-m", "ckptfix.cli", "inspect", s3.url("run/ckpt.pth"),
+                                       "-t", SEED / "tokenizer.model"], capture_output=True, text=True, env=env,
+                                      timeout=120).stdout
