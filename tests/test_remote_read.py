@@ -571,3 +571,17 @@ def test_cli_process_reads_s3_without_torch_and_leaves_no_mirror(s3, tmp_path):
     assert "CKF102" in subprocess.run([sys.executable, "-m", "ckptfix.cli", "inspect", s3.url("run/ckpt.pth"),
                                        "-t", SEED / "tokenizer.model"], capture_output=True, text=True, env=env,
                                       timeout=120).stdout
+
+
+def test_python_api_reports_name_the_url(s3):
+    import ckptfix
+
+    s3.upload(str(SEED / "ckpt.pth"), s3.url("run/ckpt.pth"))
+    try:
+        report = ckptfix.inspect(s3.url("run/ckpt.pth"), SEED / "tokenizer.model")
+        data = report.to_json()
+        assert data["path"] == s3.url("run/ckpt.pth")
+        assert remote.stats().requests > 0
+        assert "ckptfix-remote-" not in json.dumps(data)
+    finally:
+        remote.close_all()
