@@ -88,6 +88,7 @@ def _as_url(text: str, local: Path, url: str) -> str:
 def test_torch_zip_file_inspects_as_the_local_copy(s3):
     s3.upload(str(SEED / "ckpt.pth"), s3.url("run/ckpt.pth"))
     _same_report(s3, SEED / "ckpt.pth", s3.url("run/ckpt.pth"), "--tokenizer", SEED / "tokenizer.model")
+    _same_report(s3, SEED / "ckpt.pth", s3.url("run/ckpt.pth"), "--verify", scan=False)  # every record's CRC-32
 
 
 def _cost(s3, *args: object) -> tuple[int, int, Result]:
