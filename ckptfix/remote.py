@@ -46,6 +46,7 @@ MAX_OBJECTS = 100_000  # objects under one prefix: a Megatron run with 10k ranks
 MAX_KEY = 1024  # S3's own limit on a key, in bytes
 PAGE = 4096  # fetched ranges are aligned to pages; a small read costs one page or two
 READ_AHEAD = 64 << 10  # a sequential reader (a file object) gets this much past what it asked for
+READ_AHEAD_MAX = 1 << 20  # a reader going front to back through a map: read-ahead doubles up to this
 MAX_REQUEST = 16 << 20  # one ranged GET at most: memory stays bounded whatever the file's size
 POISON = b"\xff"
 
@@ -166,6 +167,8 @@ class _Object:
     size: int
     filled: list[tuple[int, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    last_end: int = -1  # where the last fetch ended, and its length: a sequential reader gets read-ahead
+    run: int = 0
 
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:
         gaps, pos = [], start
@@ -217,9 +220,8 @@ class Mirror:
 
     def _build(self) -> None:
         entries = self._list()
-        if entries is None:  # one object
-            info = self._call(self.fs.info, self.key)
-            self._add(self.path, self.key, int(info.get("size") or 0))
+        if isinstance(entries, int):  # one object, of this size
+            self._add(self.path, self.key, entries)
             return
         os.mkdir(self.path, 0o700)
         for key, size in entries:
@@ -233,8 +235,8 @@ class Mirror:
             os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
             self._add(local, key, size)
 
-    def _list(self) -> list[tuple[str, int]] | None:
-        """The prefix's objects (key, size), or None when the URL names one object. Bounded: MAX_OBJECTS."""
+    def _list(self) -> list[tuple[str, int]] | int:
+        """The prefix's objects (key, size), or the size when the URL names one object. Bounded: MAX_OBJECTS."""
         found: list[tuple[str, int]] = []
         try:
             for root, _dirs, files in self.fs.walk(self.key, detail=True):
@@ -252,9 +254,10 @@ class Mirror:
         found = [(k, s) for k, s in found if k != self.key and k.startswith(self.key + "/")]
         if found:
             return sorted(found)
-        if self._call(self.fs.isfile, self.key):
-            return None
-        raise UnreadableCheckpoint(f"{_shown_url(self.url)}: no such object or prefix")
+        info = self._call(self.fs.info, self.key)  # not `isfile`: it answers False for "access denied" too
+        if info.get("type") != "file":
+            raise UnreadableCheckpoint(f"{_shown_url(self.url)}: no such object or prefix")
+        return int(info.get("size") or 0)
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
@@ -281,10 +284,16 @@ class Mirror:
         if obj is None or length <= 0 or start >= obj.size:
             return
         lo = max(0, start) // PAGE * PAGE
-        hi = min(obj.size, -(-(start + length + ahead) // PAGE) * PAGE)
         with obj.lock:
-            for gap_lo, gap_hi in obj.missing(lo, hi):
+            if lo == obj.last_end:  # read front to back (a zip member through a map): fetch ahead, as the kernel does
+                ahead = max(ahead, min(2 * obj.run, READ_AHEAD_MAX))
+            hi = min(obj.size, -(-(start + length + ahead) // PAGE) * PAGE)
+            gaps = obj.missing(lo, hi)
+            for gap_lo, gap_hi in gaps:
                 self._fetch(obj, gap_lo, gap_hi)
+            if gaps:
+                obj.run = hi - lo
+                obj.last_end = hi
 
     def _fetch(self, obj: _Object, lo: int, hi: int) -> None:
         fd = os.open(obj.local, os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -366,6 +375,31 @@ def ensure_file(path: Any) -> None:
         obj = mirror.objects.get(local)
         if obj is not None:
             mirror.ensure(local, 0, obj.size)
+
+
+PREFETCH_GAP = 64 << 10  # ranges this close are fetched as one request: the gap costs less than a round trip
+
+
+def prefetch(ranges: list[tuple[str, int, int]]) -> None:
+    """Fetch these (file, start, length) ranges of mirror files now, neighbours within PREFETCH_GAP merged
+    into one request: what a reader will read next, known from metadata (a zip's local headers and small
+    records, a DCP item's zip ends), costs a request per cluster instead of one per read. Free when local."""
+    if not _MIRRORS:
+        return
+    spans: dict[tuple[Mirror, str], list[tuple[int, int]]] = {}
+    for file, start, length in ranges:
+        mirror = mirror_of(file)
+        if mirror is not None and length > 0:
+            spans.setdefault((mirror, os.path.abspath(file)), []).append((start, start + length))
+    for (mirror, local), wanted in spans.items():
+        merged: list[tuple[int, int]] = []
+        for lo, hi in sorted(wanted):
+            if merged and lo - merged[-1][1] <= PREFETCH_GAP:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        for lo, hi in merged:
+            mirror.ensure(local, lo, hi - lo)
 
 
 def fetch_all(path: Any) -> None:
@@ -488,7 +522,7 @@ def wrap(f: Any, path: Any) -> Any:
     mirror = mirror_of(path)
     if mirror is None:
         return f
-    return io.BufferedReader(MirrorFile(f, os.path.abspath(os.fspath(path)), mirror), 1 << 16)
+    return MirrorFile(f, os.path.abspath(os.fspath(path)), mirror)
 
 
 def reader(path: str) -> Any:

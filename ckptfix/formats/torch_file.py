@@ -37,6 +37,7 @@ except ImportError:  # pragma: no cover - Python built without lzma
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+_SMALL_RECORD = 4096  # a step, a scalar, a LayerNorm: fetched with its header from object storage
 MAX_SMALL_RECORD = 64 << 20  # data.pkl and friends are read whole; refuse anything larger
 MAX_INFLATE_RATIO = 50  # a compressed member (never written by torch.save) may inflate at most this much
 
@@ -194,6 +195,10 @@ def open_archive(path: str) -> TorchArchive:
             duplicates.append(info.filename)
         members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
     archive = TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is not None:  # in object storage: every local header (and each small record) in a few requests
+        remote.prefetch([(path, i.header_offset, _LOCAL_HEADER.size + len(i.orig_filename.encode()) + 128
+                          + (i.file_size if i.file_size <= _SMALL_RECORD else 0)) for i in infos])
     _refuse_overlaps(archive, infos)
     archive.big_endian = byte_order(archive) == "big"
     return archive
