@@ -66,6 +66,7 @@ class Request:
     headers: dict[str, str]
     bytes_in: int = 0  # request body
     bytes_out: int = 0  # response body
+    copied: int = 0  # bytes a CopyObject or UploadPartCopy copied inside the server
 
     @property
     def operation(self) -> str:
@@ -124,6 +125,11 @@ class Counter:
         """Object bytes clients sent (PutObject and UploadPart bodies; not the XML of other requests)."""
         return sum(r.bytes_in for r in self.snapshot() if r.operation in ("PutObject", "UploadPart"))
 
+    @property
+    def copied(self) -> int:
+        """Bytes copied inside the server (CopyObject, UploadPartCopy): what never crossed the network."""
+        return sum(r.copied for r in self.snapshot())
+
     def operations(self) -> _Tally[str]:
         return _Tally(r.operation for r in self.snapshot())
 
@@ -131,7 +137,7 @@ class Counter:
         ops = ", ".join(f"{k} x{v}" for k, v in sorted(self.operations().items()))
         return (
             f"{self.count} requests, {self.bytes_out} bytes down, {self.bytes_in} bytes up "
-            f"({self.data_uploaded} of object data) ({ops})"
+            f"({self.data_uploaded} of object data), {self.copied} copied in the server ({ops})"
         )
 
 
@@ -169,6 +175,7 @@ class _CountingApp:
                 if rule.error is not None:
                     return self._error(rule.error, environ, start_response)
                 rule.release.wait(60)
+        request.copied = _copy_size(request)
         body = self.app(environ, start_response)
         return self._counted(body, request)
 
@@ -191,6 +198,26 @@ class _CountingApp:
             close = getattr(body, "close", None)
             if close is not None:
                 close()
+
+
+def _copy_size(request: Request) -> int:
+    """The bytes a server-side copy request copies: its CopySourceRange, or the whole source object's size
+    (asked of moto's own backend, before the request runs: the source may be deleted later)."""
+    if request.operation == "UploadPartCopy" and "x-amz-copy-source-range" in request.headers:
+        lo, _, hi = request.headers["x-amz-copy-source-range"].removeprefix("bytes=").partition("-")
+        return int(hi) - int(lo) + 1
+    if request.operation not in ("CopyObject", "UploadPartCopy"):
+        return 0
+    from urllib.parse import unquote
+
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.s3.models import s3_backends
+
+    bucket, _, key = unquote(request.headers["x-amz-copy-source"]).lstrip("/").partition("/")
+    try:
+        return s3_backends[DEFAULT_ACCOUNT_ID]["global"].get_object(bucket, key.split("?")[0]).size
+    except Exception:  # noqa: BLE001 - a copy of a missing object: the server answers it with its error
+        return 0
 
 
 class S3Server:
