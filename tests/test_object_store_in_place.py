@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -183,3 +184,22 @@ def test_megatron_in_place_on_s3_and_restore(s3, tmp_path):
 
     assert restore(s3.url("mg/save/iter_0000002"))
     assert {k: s3.read(s3.url(f"mg/save/{k}")) for k in s3.keys(s3.url("mg/save/"))} == original
+
+
+def test_the_readme_block_runs(s3, tmp_path, tok64, big_dcp):
+    """README's "Repairing into object storage" commands, as written (the bucket and tokenizer substituted)."""
+    from test_docs import README, WRITE_BLOCK, _code_blocks
+
+    block = next(b for _, b in _code_blocks(README.read_text(encoding="utf-8")) if b.startswith(WRITE_BLOCK))
+    s3.upload(str(big_dcp), s3.url("run/step-100/"))
+    original = {k: s3.read(s3.url(f"run/step-100/{k}")) for k in s3.keys(s3.url("run/step-100/"))}
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    for line in block.strip().splitlines():
+        command = line.split("#", 1)[0].replace("s3://bucket/", s3.url()).replace("tok.model", str(tok64))
+        argv = shlex.split(command)
+        assert argv[0] == "ckptfix"
+        done = subprocess.run([sys.executable, "-m", "ckptfix.cli", *argv[1:]], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, (line, done.stderr)
+    assert ".metadata" in s3.keys(s3.url("run/step-100-fixed/"))
+    assert {k: s3.read(s3.url(f"run/step-100/{k}")) for k in s3.keys(s3.url("run/step-100/"))} == original
