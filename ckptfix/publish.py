@@ -49,6 +49,7 @@ class Copy:
     src: str  # the source object's path in its filesystem (bucket/key)
     src_pos: int
     size: int
+    whole: bool = False  # the range is the whole source object
 
 
 class Provenance:
@@ -80,7 +81,7 @@ class Provenance:
         if size < MIN_PART and not whole:  # too small for a part of its own: fetched, uploaded with neighbours
             return False
         st = os.fstat(dst_fd)
-        self.copies.setdefault((st.st_dev, st.st_ino), []).append(Copy(dst_pos, obj.key, src_pos, size))
+        self.copies.setdefault((st.st_dev, st.st_ino), []).append(Copy(dst_pos, obj.key, src_pos, size, whole))
         return True
 
 
@@ -161,7 +162,7 @@ def _upload(fs: Any, local: str, key: str, copies: list[Copy], done: Published) 
         fs.put_file(local, key)
         done.uploaded += size
         return
-    if len(copies) == 1 and copies[0].dst_pos == 0 and copies[0].size == size and copies[0].src_pos == 0:
+    if len(copies) == 1 and copies[0].whole and copies[0].dst_pos == 0 and copies[0].size == size:
         fs.copy(copies[0].src, key)  # one whole object: copied inside the store
         done.copied += size
         return
@@ -329,7 +330,12 @@ def repair_to_object_store(repair: Callable[..., Any], source: str, tokenizer: A
         sidecar = f"{local_out}.ckptfix.json"
         if os.path.exists(sidecar):  # a single file's record first: alone it is no checkpoint
             publish(sidecar, f"{out_url}.ckptfix.json", provenance)
-        published = publish(local_out, out_url, provenance)
+        try:
+            published = publish(local_out, out_url, provenance)
+        except BaseException:
+            if os.path.exists(sidecar):
+                _take_back(fs, [f"{root}.ckptfix.json"])
+            raise
         result.output = out_url
         result.notes.append(published.note(shown))
         return result
