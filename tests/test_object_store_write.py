@@ -186,7 +186,9 @@ def test_a_process_killed_mid_upload_leaves_no_checkpoint(s3, tmp_path, tokenize
     else:
         source, url = trained_checkpoint(tmp_path / "ckpt.pth", OLD, steps=1), s3.url("out/killed.pth")
     before = snapshot(source) if source.is_dir() else source.read_bytes()
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    scratch = tmp_path / "tmp"  # the child's TMPDIR: a SIGKILL leaves its staging folder (SECURITY.md)
+    scratch.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "TMPDIR": str(scratch)}
     cmd = [sys.executable, "-m", "ckptfix.cli", "repair", str(source), "-t", str(tokenizers[64]), "-o", url]
     first_upload = lambda r: r.operation in ("PutObject", "UploadPart", "CreateMultipartUpload")  # noqa: E731
     with s3.server.hold(first_upload) as reached:
@@ -196,6 +198,7 @@ def test_a_process_killed_mid_upload_leaves_no_checkpoint(s3, tmp_path, tokenize
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait(30)
+    assert [p.name[:12] for p in scratch.iterdir()] == ["ckptfix-out-"]
     keys = s3.keys(s3.url("out/"))
     assert ".metadata" not in [k.rsplit("/", 1)[-1] for k in keys], keys  # the data objects alone load nothing
     if "killed.pth" in keys:  # the whole body had reached the held request before the kill: S3 stores it whole
