@@ -60,7 +60,8 @@ from ckptfix.checkpoint import (
 from ckptfix.dtypes import NUMPY_DTYPES
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import PLAIN_LEAVES, OpaqueObject, TensorRef, TorchDtype, load_pickle
+from ckptfix.formats.pickle_records import OpaqueObject, TensorRef, TorchDtype
+from ckptfix.formats.pickle_safe import PLAIN_LEAVES, load_pickle
 from ckptfix.untrusted import fail, want_dict, want_int, want_list, want_shape, want_str
 
 METADATA_FILE = ".metadata"

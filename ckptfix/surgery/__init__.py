@@ -8,7 +8,6 @@ a `ckptfix.json` sidecar for folders and bare state_dicts. The input is never mo
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -371,6 +370,3 @@ def _tokenizer_ref(tok: Any) -> TokenizerRef:
 
     return TokenizerRef(_named(tok.path), tok.size, fingerprint(tok))
 
-
-def record_json(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, indent=2, sort_keys=False) + "\n").encode()
