@@ -27,7 +27,7 @@ from ckptfix.tokenizer_info import (
     require_dense,
     tokenizer_error,
 )
-from ckptfix.untrusted import MAX_TOKENIZER_BYTES, input_root, parse_json, read_bounded, resolve_url
+from ckptfix.untrusted import MAX_TOKENIZER_BYTES, input_root, parse_json, read_bounded
 
 __all__ = ["TokenizerInfo", "load_tokenizer"]
 
@@ -53,7 +53,11 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
 
     Raises TokenizerError (one line, naming the path) for anything that is not a readable tokenizer.
     """
-    p = Path(os.fspath(resolve_url(path)))
+    if "://" in str(os.fspath(path)):  # a URL: read through its sparse local mirror (ckptfix.remote)
+        from ckptfix.remote import local_path
+
+        path = local_path(path)
+    p = Path(os.fspath(path))
     try:
         is_dir, exists = p.is_dir(), p.exists()
     except OSError as exc:  # e.g. a name too long for the file system
