@@ -24,6 +24,7 @@ It prints each measurement and a markdown table (the README's). Everything is de
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -117,6 +118,10 @@ def main() -> None:
     os.makedirs(args.root)
     server = S3Server()
     os.environ.update(server.env())
+    # moto assembles a completed multipart upload in memory, slowly for GB objects: a client timing out and
+    # retrying CompleteMultipartUpload would find the upload gone (moto answers 500), so wait instead
+    os.environ["FSSPEC_S3"] = json.dumps({"endpoint_url": server.endpoint,
+                                          "config_kwargs": {"read_timeout": 900, "retries": {"max_attempts": 1}}})
     try:
         bucket = Bucket(server, "ckptfix-bench")
         tok = os.path.join(args.root, "tokenizer.json")
@@ -126,8 +131,8 @@ def main() -> None:
             local = os.path.join(args.root, fmt)
             (build_dcp if fmt == "dcp" else build_hf)(local, args.gb)
             rows += bench_one(bucket, fmt, local, tok)
-        print()
-        print(table(rows))
+            print()
+            print(table(rows), flush=True)
     finally:
         shutil.rmtree(args.root, ignore_errors=True)
         server.stop()

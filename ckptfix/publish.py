@@ -115,10 +115,8 @@ def out_exists(fs: Any, path: str) -> bool:
     return bool(fs.exists(path))
 
 
-def publish(staged: str, out_url: str, provenance: Provenance | None = None,
-            before_upload: Callable[[str], None] | None = None) -> Published:
-    """Upload the staged file or folder `staged` to `out_url`, switch objects last (module doc).
-    `before_upload(key)` is called before each object (the tests interrupt a publish there)."""
+def publish(staged: str, out_url: str, provenance: Provenance | None = None) -> Published:
+    """Upload the staged file or folder `staged` to `out_url`, switch objects last (module doc)."""
     from ckptfix import remote
 
     fs, root = remote.filesystem(out_url)
@@ -133,8 +131,6 @@ def publish(staged: str, out_url: str, provenance: Provenance | None = None,
     done = Published()
     try:
         for local, key in plan:
-            if before_upload is not None:
-                before_upload(key)
             _upload(fs, local, key, provenance.copies_of(local) if provenance is not None else [], done)
             done.objects.append(key)
     except BaseException as exc:
@@ -395,16 +391,20 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
     done = Published()
     order = [n for n in changed if n not in before and n != restore_list] + [restore_list] + \
         [n for n in changed if n in before and n != switch] + [switch]
-    for name in order:
-        local, key = os.path.join(folder, *name.split("/")), f"{root}/{name}"
-        moved_from = old_by_inode.get(after[name])
-        if moved_from is not None and moved_from != name:
-            fs.copy(f"{root}/{moved_from}", key)  # a backup moved aside: the old object, copied in the store
-            done.copied += os.path.getsize(local)
-        else:
-            _upload(fs, local, key, provenance.copies_of(local), done)
-        done.objects.append(key)
-    fs.invalidate_cache()
+    try:  # interrupted: the old switch object still stands; `ckptfix restore URL` removes what was added
+        for name in order:
+            local, key = os.path.join(folder, *name.split("/")), f"{root}/{name}"
+            moved_from = old_by_inode.get(after[name])
+            if moved_from is not None and moved_from != name:
+                fs.copy(f"{root}/{moved_from}", key)  # a backup moved aside: the old object, copied in the store
+                done.copied += os.path.getsize(local)
+            else:
+                _upload(fs, local, key, provenance.copies_of(local), done)
+            done.objects.append(key)
+    except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
+        raise remote.storage_error(mirror.url, exc) from None
+    finally:
+        fs.invalidate_cache()
     result.output = mirror.url
     if result.backup:
         result.backup = remote.shown(result.backup)

@@ -37,6 +37,16 @@ def reproducible(monkeypatch):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
 
 
+@pytest.fixture(autouse=True)
+def strict_reads(monkeypatch):
+    """Unfetched bytes of a mirror read as 0xFF, not zeros, here and in a CLI child: a read that bypassed
+    the fetch, or a recorded copy that publish failed to make, breaks the comparison with the local output."""
+    from ckptfix import remote
+
+    monkeypatch.setattr(remote, "strict_reads", True)
+    monkeypatch.setenv("CKPTFIX_STRICT_READS", "1")
+
+
 @pytest.fixture(scope="module")
 def tok64(tmp_path_factory):
     return train_bpe_tokenizer_json(tmp_path_factory.mktemp("tok"), 64, name="bpe64.json")
