@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from ckptfix.checkpoint import TensorInfo
-from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef
+from ckptfix.checks.codes import finding
+from ckptfix.formats.pickle_records import OpaqueObject, TensorRef
 from ckptfix.vocab import NOT_VOCAB_NAMES, PER_LAYER
 
 if TYPE_CHECKING:
@@ -147,13 +148,6 @@ def old_sizes(plan: RepairPlan) -> tuple[set[int], set[int]]:
     if plan.from_tokenizer is not None and plan.from_tokenizer.size != plan.tokenizer.size:
         extra.add(plan.from_tokenizer.size)
     return rows, extra - rows
-
-
-def separate_vocabularies(ckpt: Any, vocab: list, keep: tuple[str, ...] = ()) -> dict[str, str]:
-    """Vocab tensors that belong to another vocabulary with its own tokenizer: name -> the reason. The plan
-    leaves them out and the audit says they were kept, and why. Today only what the user names with `--keep`;
-    an answer from the config's structure (a Q-Former's own `qformer_config.vocab_size`) plugs in here."""
-    return {v.name: "kept as asked (--keep): not indexed by this tokenizer's ids" for v in vocab if v.name in keep}
 
 
 class _Pos(int):
@@ -472,8 +466,6 @@ _PYTORCH = {
 
 def findings(result: Audit | None) -> list:
     """inspect's findings for the unresolved values, one per code, each naming its values and resolutions."""
-    from ckptfix.checks import finding
-
     if result is None:
         return []
     out = []

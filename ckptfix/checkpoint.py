@@ -159,7 +159,7 @@ class _MirrorMap(_ReadMap):
     _path: str = ""
 
     def __getitem__(self, key):
-        from ckptfix import remote
+        remote = sys.modules["ckptfix.remote"]  # loaded: this map exists only for a mirror file
 
         if isinstance(key, slice):
             start, stop, _ = key.indices(len(self))

@@ -30,6 +30,8 @@ class Report:
     notes: list[str] = field(default_factory=list)
     old_tokenizer: Any = None  # identity.OldTokenizer: the tokenizer the rows belong to, when known
     audit: Any = None  # ckptfix.audit.Audit of the plan repair would make (inspect with a tokenizer)
+    # `identity.known_old_tokenizer`'s answer (old tokenizer, notes), asked once per run: None without a tokenizer
+    identity: tuple | None = None
 
     @property
     def exit_code(self) -> int:
@@ -136,12 +138,12 @@ def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, veri
     mapping = map_optimizer(ckpt)
     notes: list[str] = []
     vocab = find_vocab_tensors(ckpt, mapping, tokenizer.size if tokenizer is not None else None, notes)
-    old = None
+    old, identity = None, None
     if tokenizer is not None or from_tokenizer is not None:
-        old, known = known_old_tokenizer(ckpt, vocab_rows(vocab), from_tokenizer)
+        identity = old, known = known_old_tokenizer(ckpt, vocab_rows(vocab), from_tokenizer)
         notes += known + identity_notes(ckpt, tokenizer, old, vocab_rows(vocab))
     ctx = Context(ckpt, mapping, vocab, tokenizer, scan=scan, verify=verify, progress=progress, old_tokenizer=old)
-    return Report(ckpt, mapping, vocab, run_checks(ctx), tokenizer, notes, old)
+    return Report(ckpt, mapping, vocab, run_checks(ctx), tokenizer, notes, old, identity=identity)
 
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptfix.checkpoint import TensorInfo
-from ckptfix.formats.pickle_safe import OpaqueObject, RebuiltTensor, TensorRef, TorchDevice, TorchDtype, TorchLayout
+from ckptfix.formats.pickle_records import OpaqueObject, RebuiltTensor, TensorRef, TorchDevice, TorchDtype, TorchLayout
 
 
 def plain(value: Any) -> Any:

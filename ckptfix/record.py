@@ -13,6 +13,7 @@ Two facts in it are used later, so they are only written when they are true:
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -140,3 +141,8 @@ def _str_or_none(value: Any) -> str | None:
 def _need(ok: bool, where: str, name: str, expected: str) -> None:
     if not ok:
         raise UnreadableCheckpoint(f"{where}: ckptfix record field {name!r} is not {expected}")
+
+
+def record_json(record: dict[str, Any]) -> bytes:
+    """A record's JSON as written to `ckptfix.json` or a sidecar (`Record.to_json()`'s dict)."""
+    return (json.dumps(record, indent=2, sort_keys=False) + "\n").encode()

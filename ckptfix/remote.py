@@ -330,7 +330,8 @@ _BY_URL: dict[str, Mirror] = {}
 
 
 def local_path(path: Any) -> Any:
-    """`path` itself when local; for a URL, the local path of its mirror (made once per URL and command)."""
+    """`path` itself when local; for a URL, the local path of its mirror (made once per URL and command).
+    Callers import this module only when a path holds "://", so a local path never loads it."""
     if not is_url(path):
         return path
     url = os.fspath(path).rstrip("/")

@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from ckptfix.tokenizers import (
+from ckptfix.tokenizer_info import (
     MAX_VOCAB,
     SPARSE_IDS_ALLOWED,
     TokenizerInfo,

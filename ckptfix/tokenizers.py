@@ -13,18 +13,23 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ckptfix.tokenizer_formats as formats
 from ckptfix.errors import TokenizerError
 from ckptfix.protobuf import varint as _varint
-from ckptfix.untrusted import MAX_TOKENIZER_BYTES, input_root, parse_json, read_bounded, resolve_url
+from ckptfix.tokenizer_info import (
+    MAX_VOCAB,
+    TokenizerInfo,
+    decode_text,
+    require,
+    require_dense,
+    tokenizer_error,
+)
+from ckptfix.untrusted import MAX_TOKENIZER_BYTES, input_root, parse_json, read_bounded
 
 __all__ = ["TokenizerInfo", "load_tokenizer"]
-
-# A vocabulary this large means a corrupt id, not a real tokenizer; refuse before allocating id tables.
-MAX_VOCAB = 1 << 24
 
 # transformers' SPECIAL_TOKENS_ATTRIBUTES, in the order it appends missing ones to the vocabulary.
 _NAMED_SPECIALS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -43,52 +48,16 @@ def _names(folder: Path) -> set[str]:
     return {n for n in _OTHER_FOLDER_FILES if (folder / n).is_file()}
 
 
-@dataclass(frozen=True)
-class TokenizerInfo:
-    """The id <-> token mapping of a tokenizer, as the model sees it."""
-
-    path: str
-    kind: str  # "sentencepiece" | "tokenizer.json" | "hf-folder" | "tiktoken:<family>" | "tekken" | "vocab.json"
-    # | "gpt2-bpe" | "clip-bpe" | "rwkv" | "wordpiece"
-    source: str  # the file the base vocabulary was read from
-    base_size: int  # tokens in the base vocabulary (transformers' `vocab_size`)
-    added_tokens: tuple[tuple[int, str, bool], ...]  # (id, content, special), sorted by id
-    size: int  # embedding rows needed: highest id + 1 (== len(tokenizer) when ids have no holes)
-    special_tokens: tuple[str, ...]
-    base_tokens: tuple[str | None, ...] = field(default=(), repr=False, compare=False)  # index = id
-
-    def id_to_token(self) -> list[str | None]:
-        """Token string for each id in range(size); None where no token has that id."""
-        table: list[str | None] = list(self.base_tokens) + [None] * (self.size - len(self.base_tokens))
-        for token_id, content, _ in self.added_tokens:
-            table[token_id] = content  # as in `tokenizers`, an added token wins over the model's token
-        return table
-
-    def token_to_id(self) -> dict[str, int]:
-        """Id of each token string."""
-        mapping = {token: i for i, token in enumerate(self.base_tokens) if token is not None}
-        mapping.update((content, token_id) for token_id, content, _ in self.added_tokens)
-        return mapping
-
-    def to_json(self) -> dict[str, Any]:
-        """Summary for reports: counts, not the whole vocabulary."""
-        return {
-            "path": self.path,
-            "kind": self.kind,
-            "source": self.source,
-            "base_size": self.base_size,
-            "added": len(self.added_tokens),
-            "special_tokens": list(self.special_tokens),
-            "size": self.size,
-        }
-
-
 def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
     """Read a sentencepiece model, a tokenizer.json or a Hugging Face tokenizer folder.
 
     Raises TokenizerError (one line, naming the path) for anything that is not a readable tokenizer.
     """
-    p = Path(os.fspath(resolve_url(path)))
+    if "://" in str(os.fspath(path)):  # a URL: read through its sparse local mirror (ckptfix.remote)
+        from ckptfix.remote import local_path
+
+        path = local_path(path)
+    p = Path(os.fspath(path))
     try:
         is_dir, exists = p.is_dir(), p.exists()
     except OSError as exc:  # e.g. a name too long for the file system
@@ -99,8 +68,6 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
     if not exists:
         raise tokenizer_error(p, "no such file or folder")
     data = _read_bytes(p)
-    import ckptfix.tokenizer_formats as formats  # deferred: it imports this module's helpers
-
     if _looks_like_json(data) and not re.match(rb"\[[A-Za-z0-9_]+\]\r?\n", data):  # "[PAD]\n": a vocab.txt
         doc = _parse_json(p, data)
         if formats.is_tekken(doc):
@@ -127,8 +94,6 @@ SUPPORTED = ("sentencepiece model, tokenizer.json, tiktoken BPE ranks, tekken.js
 
 def _load_by_content(p: Path, data: bytes) -> TokenizerInfo | None:
     """The text formats (and CLIP's gzip'd merges), told apart by their first line."""
-    import ckptfix.tokenizer_formats as formats
-
     if data[:2] == b"\x1f\x8b":
         return formats.load_clip_bpe(p, data)
     if formats.looks_like_tiktoken(data):
@@ -147,17 +112,6 @@ def _load_by_content(p: Path, data: bytes) -> TokenizerInfo | None:
             vocab.add(token, True)
         return vocab.finish(p, "wordpiece", p, ())
     return None
-
-
-# Ids a vocabulary may leave unused: every table is sized by its highest id, so a file naming id 16,777,215
-# among a handful of tokens would cost gigabytes. Real vocabularies are dense (a few reserved holes at most).
-SPARSE_IDS_ALLOWED = 1 << 16
-
-
-def require_dense(path: Path, what: str, size: int, present: int) -> None:
-    """Refuse, before anything is allocated, a vocabulary whose highest id leaves most ids unused."""
-    require(size <= 2 * present + SPARSE_IDS_ALLOWED, path,
-            f"{what}: {present:,} tokens but ids up to {size - 1:,}; not a vocabulary (ids must be nearly dense)")
 
 
 def _shown(key: str) -> str:
@@ -235,9 +189,7 @@ def _load_folder(folder: Path) -> TokenizerInfo:
     for content in named:
         vocab.add(content, True)  # transformers appends named special tokens missing from the vocabulary
     if source.name == "vocab.json":  # Whisper's own HF assets folders: the 1607 rows its code adds
-        from ckptfix.tokenizer_formats import whisper_code_specials
-
-        for content in whisper_code_specials(_read_bytes(source), set(vocab.added) | set(vocab.base_ids)):
+        for content in formats.whisper_code_specials(_read_bytes(source), set(vocab.added) | set(vocab.base_ids)):
             vocab.add(content, True)
     return vocab.finish(folder, "hf-folder", source, tuple(named) + specials)
 
@@ -404,13 +356,6 @@ def _looks_like_json(data: bytes) -> bool:
     return data.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] in (b"{", b"[")
 
 
-def decode_text(path: Path, data: bytes) -> str:
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise tokenizer_error(path, f"not UTF-8 text (byte {exc.start})") from None
-
-
 def _parse_json(path: Path, data: bytes) -> Any:
     return parse_json(data, str(path), error=TokenizerError, bad="invalid JSON")  # bounded digits and nesting
 
@@ -437,12 +382,3 @@ def _token_content(token: Any) -> str | None:
 
 def _is_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_VOCAB
-
-
-def require(ok: bool, path: Path, problem: str) -> None:
-    if not ok:
-        raise tokenizer_error(path, problem)
-
-
-def tokenizer_error(path: Path, problem: str) -> TokenizerError:
-    return TokenizerError(" ".join(f"{path}: {problem}".splitlines()))  # callers print it as one line

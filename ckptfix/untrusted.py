@@ -122,16 +122,6 @@ def check_inside(path: str | os.PathLike, *, error: type[Exception] = Unreadable
                         "itself")
 
 
-def resolve_url(path: Any) -> Any:
-    """`path` itself, or for a URL (`s3://...`: `ckptfix.remote`) the local path of its sparse mirror, whose
-    bytes are fetched as they are read. The remote module is imported only when a URL is named."""
-    if isinstance(path, (str, os.PathLike)) and "://" in str(os.fspath(path)):
-        from ckptfix import remote
-
-        return remote.local_path(path)
-    return path
-
-
 def open_regular(path: str | os.PathLike, *, error: type[Exception] = UnreadableCheckpoint) -> BinaryIO:
     """Open a regular file for reading. A FIFO or device would block or never end: refused from `stat`
     first (a FIFO is never opened), then the open is non-blocking and the check repeated on the opened

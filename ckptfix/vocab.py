@@ -70,7 +70,7 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
     embeddings, else from the 2-D tensor whose rows are nearest the tokenizer's size. A tensor that has
     the rows elsewhere (a (width, rows) matrix, a table named like positions) is reported in `notes` as
     ambiguous and left alone: a size can match by accident (an attention projection is not a vocab tensor)."""
-    separate = _separate_rows(ckpt)
+    separate, kept = _separate_rows(ckpt), separate_tensors(ckpt)  # another vocabulary's tensors: never the LM's
     rows, widths = _vocab_dims(ckpt, tokenizer_size, set(separate))
     found: dict[str, VocabTensor] = {}
     _note_separate(ckpt, separate, notes)
@@ -80,10 +80,10 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
                   for d in t.shape}
     first = True
     for name, t in ckpt.model.items():
-        role = None if _separate_tensor(t, separate) else _role(name, t, rows, widths, other_dims)
+        role = None if name in kept else _role(name, t, rows, widths, other_dims)
         if role is None:
             if notes is not None and t.is_float and any(d in rows for d in t.shape) and t.shape not in ((), (1,)) \
-                    and not _separate_tensor(t, separate):
+                    and name not in kept:
                 notes.append(f"{name} {list(t.shape)} has a dimension of the vocab size ({'/'.join(map(str, sorted(rows)))} "
                              "rows) but not in a vocab tensor's place; left alone (ambiguous)")
             continue
@@ -103,6 +103,15 @@ def _separate_rows(ckpt: Checkpoint) -> dict[int, str]:
     too (then rows cannot tell them apart and both follow the LM)."""
     lm = recorded_rows(ckpt.extras)
     return {r.value: f"{r.where} = {r.value}" for r in separate_vocabularies(ckpt.extras) if r.value not in lm}
+
+
+def separate_tensors(ckpt: Checkpoint) -> dict[str, str]:
+    """The tensors of another vocabulary than the LM's (rows a non-text sub-config records), each with the
+    reason it is kept: the one answer `find_vocab_tensors` leaves them out by, the plan keeps them by
+    (`RepairPlan.kept`) and the audit reports them with."""
+    separate = _separate_rows(ckpt)
+    return {name: f"a separate vocabulary ({separate[t.shape[0]]}: its own tokenizer), not indexed by this "
+            "tokenizer's ids" for name, t in ckpt.model.items() if _separate_tensor(t, separate)}
 
 
 def _separate_tensor(t: TensorInfo, separate: dict[int, str]) -> bool:

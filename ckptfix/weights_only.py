@@ -20,12 +20,8 @@ from ckptfix.errors import RepairError
 from ckptfix.formats import detect, torch_file, torch_save
 from ckptfix.formats.common import iter_leaves, iter_tensor_refs
 from ckptfix.formats.data_globals import Conversion, Converter, Use, torch_refuses, uses
-from ckptfix.formats.pickle_safe import (
-    OpaqueObject,
-    StorageRef,
-    global_name,
-    globals_in_pickle,
-)
+from ckptfix.formats.pickle_records import OpaqueObject, StorageRef, global_name
+from ckptfix.formats.pickle_safe import globals_in_pickle
 from ckptfix.io import BackgroundHash, atomic_file, backup_path, check_output_path, output_target
 
 

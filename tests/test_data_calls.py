@@ -23,7 +23,8 @@ import pytest
 
 from ckptfix.errors import CkptfixError
 from ckptfix.formats.data_globals import DATA_CALLS, DATA_CLASSES, KNOWN_ENUMS, is_data_call, safe_to_allowlist
-from ckptfix.formats.pickle_safe import OpaqueObject, _SafeUnpickler
+from ckptfix.formats.pickle_records import OpaqueObject
+from ckptfix.formats.pickle_safe import _SafeUnpickler
 
 
 @dataclass(frozen=True)

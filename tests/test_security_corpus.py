@@ -220,7 +220,7 @@ def test_crc_mismatch_in_its_own_process(corpus):
 
 def test_trust_pickle_builds_inert_records_only(corpus):
     from ckptfix import inspect
-    from ckptfix.formats.pickle_safe import OpaqueObject
+    from ckptfix.formats.pickle_records import OpaqueObject
 
     root, cases, _ = corpus
     evil = [c for c in cases if c.evil and c.trusted == ("findings", "") and c.path.is_file()]

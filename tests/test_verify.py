@@ -127,3 +127,70 @@ def test_a_config_value_the_plan_does_not_list_is_left_as_read(tmp_path):
     tok = train_bpe_tokenizer_json(tmp_path, 80, name="bpe80.json")
     ckptfix.repair(str(folder), str(tok), str(tmp_path / "out"), keep_ids=True)
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 2 ** 70
+
+
+@pytest.fixture(scope="module")
+def repaired_folder(tmp_path_factory):
+    """An HF folder whose LM size is nested (`text_config`, as LLaVA's), repaired by ckptfix."""
+    import json
+
+    from safetensors.torch import save_file
+    from tokenizer_factory import extend_tokenizer_json, train_bpe_tokenizer_json
+
+    tmp = tmp_path_factory.mktemp("verify_folder")
+    src = tmp / "model"
+    src.mkdir()
+    old_tok = train_bpe_tokenizer_json(tmp, 64, name="old.json")
+    tok = extend_tokenizer_json(old_tok, tmp / "new.json", ["<a>", "<b>", "<c>"])
+    torch.manual_seed(0)
+    save_file({"model.embed_tokens.weight": torch.randn(64, 8), "lm_head.weight": torch.randn(64, 8),
+               "model.norm.weight": torch.ones(8)}, src / "model.safetensors")
+    (src / "config.json").write_text(json.dumps({"model_type": "llava", "text_config": {"vocab_size": 64},
+                                                 "vision_config": {"model_type": "clip_vision_model"}}))
+    out = tmp / "fixed"
+    result = ckptfix.repair(str(src), str(tok), str(out), from_tokenizer=str(old_tok))
+    assert result.plan.recorded == {("config", "text_config", "vocab_size"): 67}
+    return src, out, result.plan
+
+
+def _folder_mutated(out, tmp_path, tensors=None, config=None) -> str:
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    copy = tmp_path / "mutated"
+    shutil.copytree(out, copy)
+    if tensors is not None:
+        sd = load_file(copy / "model.safetensors")
+        tensors(sd)
+        (copy / "model.safetensors").unlink()
+        save_file(sd, copy / "model.safetensors")
+    if config is not None:
+        doc = json.loads((copy / "config.json").read_text())
+        config(doc)
+        (copy / "config.json").write_text(json.dumps(doc))
+    return str(copy)
+
+
+FOLDER_MUTATIONS = {
+    "nested-config-value-left": (dict(config=lambda c: c["text_config"].update(vocab_size=64)),
+                                 "recorded config.text_config.vocab_size is 64"),
+    "head-left-at-old-rows": (dict(tensors=lambda sd: sd.update({"lm_head.weight": torch.zeros(64, 8)})),
+                              "model tensor lm_head.weight is [64, 8]"),
+    "unlisted-tensor-changed": (dict(tensors=lambda sd: sd.update({"model.norm.weight": torch.ones(8).half()})),
+                                "model tensor model.norm.weight is [8] float16"),
+}
+
+
+def test_the_repaired_folder_matches_its_plan(repaired_folder):
+    _, out, plan = repaired_folder
+    assert differences(plan, read_checkpoint(str(out))) == []
+
+
+@pytest.mark.parametrize("mutation", list(FOLDER_MUTATIONS))
+def test_verify_catches_each_mutation_of_a_folder(repaired_folder, tmp_path, mutation):
+    _, out, plan = repaired_folder
+    change, expected = FOLDER_MUTATIONS[mutation]
+    diffs = differences(plan, read_checkpoint(_folder_mutated(out, tmp_path, **change)))
+    assert any(expected in d for d in diffs), diffs

@@ -34,7 +34,8 @@ from ckptfix.errors import CkptfixError
 from ckptfix.formats import torch_file
 from ckptfix.formats.common import iter_leaves
 from ckptfix.formats.data_globals import uses
-from ckptfix.formats.pickle_safe import RebuiltTensor, TensorRef, globals_in_pickle
+from ckptfix.formats.pickle_records import RebuiltTensor, TensorRef
+from ckptfix.formats.pickle_safe import globals_in_pickle
 
 NESTED_LEGACY = "a nested tensor in a legacy (non-zip) file"
 DENSE_DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,

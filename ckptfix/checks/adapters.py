@@ -10,7 +10,7 @@ else:
     from ckptfix.lazy_numpy import np
 
 from ckptfix.checkpoint import distinct_stored, widen_stored
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 
 LORA_B_MARKERS = ("lora_B", "lora_embedding_B")
 

@@ -5,7 +5,7 @@ declared here rather than checked: `run_checks` runs before there is a plan."""
 
 from __future__ import annotations
 
-from ckptfix.checks import declare
+from ckptfix.checks.codes import declare
 
 declare("CKF130", "error", "a tensor with the vocab size that repair would not resize",
         "A tensor outside the plan (an optimizer state ckptfix has no reader for: nested dicts, lists of state "

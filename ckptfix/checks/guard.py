@@ -10,7 +10,7 @@ checkpoint (`ResumeGuard`).
 
 from __future__ import annotations
 
-from ckptfix.checks import declare
+from ckptfix.checks.codes import declare
 
 declare("CKF801", "error", "0 trainable parameters",
         "No parameter requires grad (e.g. a `LoraConfig` never applied with `get_peft_model`).")

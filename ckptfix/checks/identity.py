@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 from ckptfix.identity import data_evidence, id_moves, record_fingerprint_mismatch
 from ckptfix.vocab import vocab_rows
 

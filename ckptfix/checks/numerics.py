@@ -10,7 +10,7 @@ else:
     from ckptfix.lazy_numpy import np
 
 from ckptfix.checkpoint import TensorInfo, distinct_stored, widen_stored
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 
 CHUNK = 1 << 22  # elements per read: bounded memory whatever the tensor size
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 from ckptfix.recorded import disagreeing, find_recorded
 
 

@@ -19,7 +19,7 @@ else:
     from ckptfix.lazy_numpy import np
 
 from ckptfix.checkpoint import read_last_row
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 from ckptfix.errors import CkptfixError
 
 _BLOCK = 256  # rows read at a time, from the end: only the reserved block and one trained row are read

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Iterator
 
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 
 FP16_SMALLEST_SUBNORMAL = 2.0 ** -24
 

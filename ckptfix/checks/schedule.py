@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Iterator
 
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 
 
 def optimizer_step(ctx: Context) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 from ckptfix.fit import Fit, fit_rows
 from ckptfix.recorded import megatron_padding, recorded_rows
 from ckptfix.vocab import VocabTensor

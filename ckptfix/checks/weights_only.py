@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from ckptfix.checks import Context, Finding, check, finding
+from ckptfix.checks.codes import Context, Finding, check, finding
 
 MAX_LISTED = 6  # objects named in one finding message; the JSON report lists them all
 

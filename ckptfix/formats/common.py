@@ -15,7 +15,7 @@ from ckptfix.checkpoint import (
     read_scalar,
 )
 from ckptfix.errors import UnreadableCheckpoint
-from ckptfix.formats.pickle_safe import RebuiltTensor, StorageRef, TensorRef
+from ckptfix.formats.pickle_records import RebuiltTensor, StorageRef, TensorRef
 from ckptfix.optim_state import kind_name
 from ckptfix.record import RECORD_KEY, Record
 from ckptfix.untrusted import escape, fail

@@ -28,10 +28,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfix.dtypes import DTYPE_SIZES, contiguous_stride
 from ckptfix.errors import RepairError
-from ckptfix.formats.pickle_safe import (
-    DTYPE_SIZES,
-    INT64_MAX,
+from ckptfix.formats.pickle_records import (
     OpaqueObject,
     RebuiltTensor,
     StorageRef,
@@ -39,10 +38,11 @@ from ckptfix.formats.pickle_safe import (
     TorchDevice,
     TorchDtype,
     TorchLayout,
-    _printable,
-    contiguous_stride,
     global_name,
+    printable,
 )
+from ckptfix.plain import plain
+from ckptfix.untrusted import INT64_MAX
 
 # torch 2.13's default weights-only allowlist: the keys of `torch._weights_only_unpickler._get_allowed_globals()`
 # (torch/_weights_only_unpickler.py; dtypes, storage and tensor classes, rebuild functions, and five builtins).
@@ -294,7 +294,7 @@ def _numpy_dtype(rec: Any) -> Any:
         raise NotData("a numpy value without a numeric dtype")
     code = rec.args[0]
     if not _NUMPY_CODE.fullmatch(code):
-        raise NotData(f"numpy dtype {_printable(code, 20)!r} is not a plain number type")
+        raise NotData(f"numpy dtype {printable(code, 20)!r} is not a plain number type")
     try:
         dtype = np.dtype(code)
     except TypeError:  # 'f3', 'c1', 'i0', 'u3': the pattern's shape, not a size numpy has
@@ -507,7 +507,7 @@ class Converter:
         try:
             return self._record(rec, path)
         except NotData as exc:
-            raise RepairError(f"{path or '(top level)'}: {_printable(rec.cls)} is not convertible: {exc}") from None
+            raise RepairError(f"{path or '(top level)'}: {printable(rec.cls)} is not convertible: {exc}") from None
 
     def _record(self, rec: OpaqueObject, path: str) -> Any:
         cls = rec.cls
@@ -607,7 +607,7 @@ def _omega_content(rec: OpaqueObject) -> Any:
 
 
 def _join(path: str, key: Any) -> str:
-    text = _printable(str(key) if isinstance(key, (str, int)) else type(key).__name__, 60)
+    text = printable(str(key) if isinstance(key, (str, int)) else type(key).__name__, 60)
     return f"{path}.{text}" if path else text
 
 
@@ -737,8 +737,6 @@ _NUMPY_DTYPE_CLASSES = {"Bool", "Int8", "Int16", "Int32", "Int64", "UInt8", "UIn
 
 def _summary(value: Any) -> Any:
     """A converted value as JSON-safe data for the report, bounded."""
-    from ckptfix.plain import plain
-
     return plain(value)
 
 
@@ -768,12 +766,12 @@ def describe_call(rec: OpaqueObject) -> str:
     budget = [12]
     base = global_name(rec.args[1]) if rec.cls == "copyreg._reconstructor" and len(rec.args) == 3 else None
     if base not in (None, "builtins.object"):  # copyreg: obj = base.__new__(cls, state); base.__init__(obj, state)
-        return f"{_printable(base or '')}.__init__(<new {_printable(global_name(rec.args[0]) or '?')}>, " \
+        return f"{printable(base or '')}.__init__(<new {printable(global_name(rec.args[0]) or '?')}>, " \
                f"{_brief(rec.args[2], budget)})"
     if not rec.called:  # NEWOBJ
-        return f"{_printable(rec.cls)}.__new__({', '.join(_brief(a, budget) for a in rec.args[:4])}" \
+        return f"{printable(rec.cls)}.__new__({', '.join(_brief(a, budget) for a in rec.args[:4])}" \
                f"{', ...' if len(rec.args) > 4 else ''})"
-    return f"{_printable(rec.cls)}({', '.join(_brief(a, budget) for a in rec.args[:4])}" \
+    return f"{printable(rec.cls)}({', '.join(_brief(a, budget) for a in rec.args[:4])}" \
            f"{', ...' if len(rec.args) > 4 else ''})"
 
 
@@ -783,14 +781,14 @@ def _brief(value: Any, budget: list[int]) -> str:
         return "..."
     if isinstance(value, (str, bytes)):
         text = repr(value[:60]) + ("..." if len(value) > 60 else "")
-        return _printable(text, 80)
+        return printable(text, 80)
     if value is None or isinstance(value, (bool, int, float)):
-        return _printable(repr(value), 40)
+        return printable(repr(value), 40)
     if isinstance(value, OpaqueObject):
-        return f"<{'result of ' if value.called else ''}{_printable(value.cls)}>"
+        return f"<{'result of ' if value.called else ''}{printable(value.cls)}>"
     name = global_name(value)
     if name is not None:
-        return _printable(name)
+        return printable(name)
     if isinstance(value, (tuple, list)):
         inner = ", ".join(_brief(v, budget) for v in list(value)[:4])
         return f"({inner}{', ...' if len(value) > 4 else ''})"

@@ -60,7 +60,8 @@ from ckptfix.checkpoint import (
 from ckptfix.dtypes import NUMPY_DTYPES
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import PLAIN_LEAVES, OpaqueObject, TensorRef, TorchDtype, load_pickle
+from ckptfix.formats.pickle_records import OpaqueObject, TensorRef, TorchDtype
+from ckptfix.formats.pickle_safe import PLAIN_LEAVES, load_pickle
 from ckptfix.untrusted import fail, want_dict, want_int, want_list, want_shape, want_str
 
 METADATA_FILE = ".metadata"
@@ -336,21 +337,20 @@ def read_metadata(path: str, name: str = METADATA_FILE) -> tuple[dict[str, Item]
     return items, str(version) if isinstance(version, (str, int)) else None
 
 
-_BLOB_END = 8192  # a record's zip: data.pkl's header and pickle at its start, the central directory at its end
+_BLOB_END = 8192  # a record's zip this small (a step, a scalar, a bias) is fetched whole
+_BLOB_HEAD = 4096  # a larger one's first page: its zip magic and data.pkl's header, which inspect reads
 
 
 def _prefetch_blob_ends(items: dict[str, Item]) -> None:
-    """In object storage (`ckptfix.remote`), each record's zip ends in a few merged requests, before the
-    readers ask for them one by one (a 1-element `step` record is read whole this way)."""
+    """In object storage (`ckptfix.remote`), what inspect reads of each record (a small record whole, a
+    large one's first page) in a few merged requests, before the readers ask for them one by one."""
     remote = sys.modules.get("ckptfix.remote")
     if remote is None:
         return
     ranges = []
     for item in items.values():
         for file, start, length, _ in item.blobs:
-            ranges.append((file, start, min(length, _BLOB_END)))
-            if length > _BLOB_END:
-                ranges.append((file, start + length - _BLOB_END, _BLOB_END))
+            ranges.append((file, start, length if length <= _BLOB_END else _BLOB_HEAD))
     remote.prefetch(ranges)
 
 

@@ -51,7 +51,7 @@ from ckptfix.checkpoint import (
 )
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
 from ckptfix.formats import common, torch_file
-from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef
+from ckptfix.formats.pickle_records import OpaqueObject, TensorRef
 from ckptfix.untrusted import read_bounded, want_dict, want_int, want_list, want_shape, want_str
 
 DEEPSPEED_GLOBALS = frozenset({

@@ -31,7 +31,7 @@ from ckptfix.dtypes import contiguous_stride
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
 from ckptfix.formats.deepspeed_folder import _MODEL_STATES, _load
-from ckptfix.formats.pickle_safe import TensorRef
+from ckptfix.formats.pickle_records import TensorRef
 
 ZERO = "zero"
 OPTIMIZER_STATE = "optimizer_state.pt"

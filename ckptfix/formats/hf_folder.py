@@ -15,7 +15,7 @@ from typing import Any
 from ckptfix.checkpoint import Checkpoint, TensorInfo
 from ckptfix.errors import CkptfixError, UnreadableCheckpoint
 from ckptfix.formats import common, safetensors_file, torch_file
-from ckptfix.formats.pickle_safe import OpaqueObject
+from ckptfix.formats.pickle_records import OpaqueObject
 
 TRAINING_ARG_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "max_steps",
                        "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",

@@ -41,7 +41,7 @@ from ckptfix.checkpoint import Checkpoint, TensorInfo
 from ckptfix.errors import CkptfixError, UnreadableCheckpoint
 from ckptfix.formats import common, dcp_folder
 from ckptfix.formats.dcp_folder import METADATA_FILE, DcpLayout
-from ckptfix.formats.pickle_safe import OpaqueObject, TensorRef
+from ckptfix.formats.pickle_records import OpaqueObject, TensorRef
 from ckptfix.untrusted import read_bounded
 
 TRACKER = "latest_checkpointed_iteration.txt"

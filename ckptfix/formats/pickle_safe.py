@@ -17,10 +17,8 @@ import _compat_pickle
 import collections
 import dataclasses
 import io
-import math
 import pickle
 import pickletools
-from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfix.dtypes import (  # noqa: F401 (re-exported)
@@ -31,6 +29,22 @@ from ckptfix.dtypes import (  # noqa: F401 (re-exported)
     contiguous_stride,
 )
 from ckptfix.errors import UnreadableCheckpoint, UnsafePickle
+from ckptfix.formats.data_globals import DATA_CALLS, call_globals, describe_call, is_data_call, torch_refuses
+from ckptfix.formats.pickle_records import (
+    OpaqueObject,
+    RebuiltTensor,
+    StorageRef,
+    TensorRef,
+    TorchDevice,
+    TorchDtype,
+    TorchLayout,
+    TorchQScheme,
+    _check_fits,
+    _opaque_class,
+    _Record,
+    global_name,
+    printable,
+)
 
 _DTYPE_ALIASES = TORCH_ALIASES
 
@@ -49,209 +63,6 @@ MAX_HASH_WORK = 10_000_000  # tuple nodes all dict keys and set members of one p
 MAX_OBJECTS_BASE = 1 << 19
 _BUILDS = frozenset({"EMPTY_DICT", "EMPTY_LIST", "EMPTY_SET", "LIST", "OBJ", "INST", "NEWOBJ", "NEWOBJ_EX",
                      "REDUCE"})
-
-
-class _Record:
-    """Base of the records the unpickler builds. A pickle's BUILD opcode (`__setstate__`) cannot
-    rewrite them (it could otherwise replace a tensor's shape with anything, or retarget an
-    allowlisted stand-in shared by every later load); copy and pickle still work, through `__reduce__`."""
-
-    __slots__ = ()
-
-    def __setstate__(self, state: Any) -> None:
-        raise pickle.UnpicklingError(f"pickle tries to BUILD (set the state of) a {type(self).__name__}")
-
-    def __reduce__(self):
-        return (type(self), tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
-
-
-@dataclass(frozen=True)
-class TorchDtype(_Record):
-    name: str
-
-    def __repr__(self) -> str:
-        return f"torch.{self.name}"
-
-
-@dataclass(frozen=True)
-class TorchQScheme(_Record):
-    """A quantization scheme (`torch.per_tensor_affine`, `torch.per_channel_affine`, ...), by name."""
-
-    name: str
-
-    def __repr__(self) -> str:
-        return f"torch.{self.name}"
-
-
-@dataclass(frozen=True)
-class TorchDevice(_Record):
-    spec: str
-
-    def __repr__(self) -> str:
-        return f"device({self.spec!r})"
-
-
-@dataclass(frozen=True)
-class StorageRef(_Record):
-    """A `('storage', type, key, location, numel)` persistent id: one record in the archive."""
-
-    key: str
-    dtype: str
-    location: str
-    numel: int
-    # a legacy (pre-zip) stream's storage view: the view starts this many elements into storage `key`;
-    # tensors on it are read with their offset moved by as much (torch.load slices the storage alike)
-    view_start: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * DTYPE_SIZES[self.dtype]
-
-
-@dataclass
-class TensorRef(_Record):
-    """A tensor as the pickle describes it; the bytes stay in the archive until someone asks."""
-
-    storage: StorageRef
-    offset: int  # in elements of `dtype`
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    dtype: str
-    requires_grad: bool = False
-    is_parameter: bool = False
-    # a quantized tensor's parameters as `_rebuild_qtensor` received them, kept verbatim to be written
-    # back: (per_tensor_affine, scale, zero_point) or (per_channel_affine, scales, zero_points, axis)
-    quantizer: tuple | None = None
-    # `_rebuild_tensor_v2/v3`'s metadata: torch's lazy conjugate / negative bits ({"conj": True}); the stored
-    # values are before them. Kept for the writer; readers see the stored values.
-    metadata: dict | None = None
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * DTYPE_SIZES[self.dtype]
-
-    def fits_storage(self) -> bool:
-        """Whether every byte the view addresses lies inside its storage (offset and strides count elements
-        of the tensor's dtype; an `UntypedStorage`, as `_rebuild_tensor_v3` gets, counts bytes)."""
-        if self.numel == 0:
-            return self.offset >= 0
-        last = self.offset + sum((d - 1) * s for d, s in zip(self.shape, self.stride))
-        return self.offset >= 0 and min(self.stride, default=0) >= 0 and \
-            (last + 1) * DTYPE_SIZES.get(self.dtype, 1) <= self.storage.nbytes
-
-
-def _check_fits(tensor: TensorRef) -> TensorRef:
-    """torch.load refuses a view that reaches past its storage (`set_`: "out of bounds for storage"); so
-    does the unpickler, before any reader sizes a row plan or a buffer from the view's shape."""
-    if not tensor.fits_storage():
-        raise pickle.UnpicklingError(
-            f"tensor of shape {list(tensor.shape)[:8]} (offset {tensor.offset}, strides {list(tensor.stride)[:8]}) "
-            f"reaches past its storage of {tensor.storage.nbytes:,} bytes; torch.load refuses it too")
-    return tensor
-
-
-@dataclass(frozen=True)
-class TorchLayout(_Record):
-    """A tensor layout (`torch.sparse_coo`, ...), by name, as `torch.serialization._get_layout` returns it."""
-
-    name: str
-
-    def __repr__(self) -> str:
-        return self.name
-
-
-@dataclass
-class RebuiltTensor(_Record):
-    """A tensor torch assembles from other tensors or from metadata alone: sparse (COO, CSR, CSC, BSR, BSC),
-    nested, or a meta tensor (shape and dtype, no storage). `rebuild` names the `torch._utils` function and
-    `args` are its arguments as read (the component `TensorRef`s inside), so a writer can emit the same call.
-    ckptfix reads its shape and dtype; its values are not a row-indexed matrix, so no reader edits one."""
-
-    kind: str  # the layout (sparse_coo, sparse_csr, ...), "nested" or "meta"
-    shape: tuple[int, ...] | None  # None for a nested tensor (its components have their own shapes)
-    dtype: str
-    rebuild: str
-    args: tuple
-    requires_grad: bool = False
-    is_parameter: bool = False
-
-    @property
-    def parts(self) -> list[TensorRef]:
-        """The component tensors (indices, values, nested sizes...), each with its own storage record."""
-        flat = [a for a in self.args if isinstance(a, TensorRef)]
-        for a in self.args:
-            if isinstance(a, tuple):
-                flat.extend(x for x in a if isinstance(x, TensorRef))
-        return flat
-
-
-@dataclass
-class OpaqueObject:
-    """A use of a global outside the allowlist, kept as data: `cls` names the global, `args` what it was
-    constructed or called with, `state` what BUILD set, `items` what SETITEM/APPEND added; `called` says
-    whether the pickle called it (REDUCE, `cls(*args)`) rather than constructed it (NEWOBJ)."""
-
-    cls: str
-    args: tuple = ()
-    state: Any = None
-    items: dict = field(default_factory=dict)
-    called: bool = False
-    kwargs: dict = field(default_factory=dict)
-
-    def __setstate__(self, state: Any) -> None:  # BUILD opcode
-        object.__setattr__(self, "state", state)
-
-    def __repr__(self) -> str:  # never the arguments: they may be a memo-shared DAG
-        return f"<{_printable(self.cls)} object>"
-
-    def __setitem__(self, key: Any, value: Any) -> None:  # SETITEM(S) on dict subclasses
-        self.items[key] = value
-
-    def append(self, value: Any) -> None:  # APPEND(S) on list subclasses
-        self.items[len(self.items)] = value
-
-    def extend(self, values: Any) -> None:
-        for v in values:
-            self.append(v)
-
-
-class _InertType(type):
-    """The type of a stand-in for a global outside the allowlist. Calling it (REDUCE, INST with
-    arguments) records a call; NEWOBJ (`X.__new__(X, *args)`) records a construction."""
-
-    qualname: str
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        new: Any = cls.__new__  # the stand-in's recorder (see `_opaque_class`), never the real class
-        obj = new(cls, *args, **kwargs)
-        obj.called = True
-        return obj
-
-    def __repr__(cls) -> str:
-        return f"<global {_printable(cls.qualname)}>"
-
-
-def _opaque_class(qualname: str, made: list | None = None) -> type:
-    # NEWOBJ needs a real class; this one records the construction instead of running anything.
-    def new(cls, *args, **kwargs):
-        obj = object.__new__(cls)
-        OpaqueObject.__init__(obj, qualname, args, kwargs=kwargs)
-        if made is not None:
-            made.append(obj)
-        return obj
-
-    # Hashable by identity: pickles use such objects as dict keys (DCP's MetadataIndex).
-    return _InertType("Opaque", (OpaqueObject,), {"__new__": new, "__init__": lambda self, *a, **k: None,
-                                                  "__hash__": object.__hash__, "qualname": qualname})
-
-
-def global_name(value: Any) -> str | None:
-    """The qualified name of a global the pickle refers to without calling it (`typing.Any`, a class)."""
-    return value.qualname if isinstance(value, _InertType) else None
 
 
 def _dtype_name(value: Any) -> str:
@@ -436,14 +247,14 @@ class _TensorClassType(type):
             return _rebuild_parameter(*args, **kwargs)
         if ".sparse." in cls.qualname and len(args) == 3 and not kwargs:
             return _rebuild_sparse_tensor(TorchLayout("torch.sparse_coo"), tuple(args))
-        raise pickle.UnpicklingError(f"a call of the legacy tensor constructor {_printable(cls.qualname)}; "
+        raise pickle.UnpicklingError(f"a call of the legacy tensor constructor {printable(cls.qualname)}; "
                                      "torch.save never writes one")
 
     def __setattr__(cls, key: str, value: Any) -> None:
         raise AttributeError("read-only")
 
     def __repr__(cls) -> str:
-        return f"<tensor class {_printable(cls.qualname)}>"
+        return f"<tensor class {printable(cls.qualname)}>"
 
 
 class _LegacyTensor(TensorRef):
@@ -462,7 +273,7 @@ def _tensor_class(qualname: str, pending: list) -> type:
         if cls.qualname == "torch.nn.parameter.Parameter":
             return _rebuild_parameter(*args)
         if args:
-            raise pickle.UnpicklingError(f"{_printable(cls.qualname)} constructed with arguments")
+            raise pickle.UnpicklingError(f"{printable(cls.qualname)} constructed with arguments")
         tensor = object.__new__(_LegacyTensor)
         for f in dataclasses.fields(TensorRef):
             object.__setattr__(tensor, f.name, f.default if f.default is not dataclasses.MISSING else None)
@@ -645,13 +456,11 @@ class _SafeUnpickler(pickle.Unpickler):
             return self.budget.wrap(found)
         if found is not None:
             return found
-        self.refused.append(_printable(f"{module}.{name}"))
+        self.refused.append(printable(f"{module}.{name}"))
         return _opaque_class(f"{module}.{name}", self.made)
 
     def code_calls(self) -> list[OpaqueObject]:
         """The calls this pickle makes that are not a known data class's constructor (strict mode refuses them)."""
-        from ckptfix.formats.data_globals import is_data_call
-
         return [o for o in self.made if not is_data_call(o)]
 
     def persistent_load(self, pid: Any) -> Any:
@@ -680,10 +489,6 @@ class _SafeUnpickler(pickle.Unpickler):
         return StorageRef(key, storage_type.dtype, location, numel, view_start=view[1])
 
 
-def _printable(name: str, limit: int = 120) -> str:
-    """A pickle-supplied name made safe for one terminal line (no escape sequences), and short."""
-    text = "".join(c if c.isprintable() and c != "\\" else ascii(c)[1:-1] for c in name[:limit])
-    return text + ("..." if len(name) > limit else "")
 
 
 # What `_prescan` does with each opcode (plain ints, compared in its hot loop; the tuple builders are
@@ -1106,7 +911,7 @@ def _check_tree(tree: Any, origin: str) -> None:
                 bad = [k for k in attrs if not isinstance(k, str) or hasattr(type(node), k)]
                 if bad:
                     raise UnreadableCheckpoint(
-                        f"{origin}: pickle sets attributes that shadow dict methods ({_printable(str(bad[0]))}); "
+                        f"{origin}: pickle sets attributes that shadow dict methods ({printable(str(bad[0]))}); "
                         "not a checkpoint")
                 stack.extend(attrs.values())
             stack.extend(node.values())
@@ -1186,9 +991,7 @@ def torch_refusals(data: bytes, refused_ops: set[str], names: set[str]) -> list[
     """Why torch's weights-only unpickler refuses a pickle ckptfix read: its globals outside torch's allowlist,
     then its first opcode torch cannot read (a protocol-2 pickle's are all off `_prescan`'s fast path; any
     other protocol is walked, up to the first)."""
-    from ckptfix.formats.data_globals import torch_refuses
-
-    out = [f"global {_printable(n)}" for n in sorted(names) if torch_refuses(n)]
+    out = [f"global {printable(n)}" for n in sorted(names) if torch_refuses(n)]
     op = torch_refused_opcode(data) if data[:2] != b"\x80\x02" else min(refused_ops, default=None)
     if op is not None:
         out.append(f"opcode {op}" if "protocol" in op else f"opcode {op} (not written by torch.save)")
@@ -1196,12 +999,10 @@ def torch_refusals(data: bytes, refused_ops: set[str], names: set[str]) -> list[
 
 
 def _refuse(data: bytes, origin: str, unpickler: _SafeUnpickler, calls: list[OpaqueObject]) -> None:
-    from ckptfix.formats.data_globals import DATA_CALLS, call_globals, describe_call, is_data_call
-
     named = sorted({n for o in calls for n in call_globals(o)})
-    outside = [_printable(g) for g in globals_in_pickle(data)
+    outside = [printable(g) for g in globals_in_pickle(data)
                if tuple(g.rsplit(".", 1)) not in ALLOWED_GLOBALS and g not in DATA_CALLS]
-    raise UnsafePickle(origin, [_printable(n) for n in named] or outside or unpickler.refused,
+    raise UnsafePickle(origin, [printable(n) for n in named] or outside or unpickler.refused,
                        calls=[describe_call(o) for o in calls if not is_data_call(o)][:5]) from None
 
 
@@ -1211,4 +1012,4 @@ def _unreadable(exc: Exception, origin: str) -> UnreadableCheckpoint:
     if isinstance(exc, MemoryError):
         return UnreadableCheckpoint(f"{origin}: pickle needs more memory than is available")
     detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # any damage to the opcode stream
-    return UnreadableCheckpoint(f"{origin}: corrupt pickle ({_printable(detail, 200)})")
+    return UnreadableCheckpoint(f"{origin}: corrupt pickle ({printable(detail, 200)})")

@@ -19,14 +19,8 @@ from typing import Any, Iterator
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
-from ckptfix.formats.pickle_safe import (
-    DTYPE_SIZES,
-    MAX_PICKLE_BYTES,
-    RebuiltTensor,
-    StorageRef,
-    load_pickle,
-    pickle_end,
-)
+from ckptfix.formats.pickle_records import RebuiltTensor, StorageRef
+from ckptfix.formats.pickle_safe import DTYPE_SIZES, MAX_PICKLE_BYTES, load_pickle, pickle_end
 from ckptfix.untrusted import escape
 
 try:

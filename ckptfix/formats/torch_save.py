@@ -26,7 +26,7 @@ import numpy as np
 from ckptfix.checkpoint import ByteRange, file_map
 from ckptfix.dtypes import DTYPE_SIZES, STORAGE_CLASS
 from ckptfix.errors import RepairError
-from ckptfix.formats.pickle_safe import (
+from ckptfix.formats.pickle_records import (
     OpaqueObject,
     RebuiltTensor,
     StorageRef,

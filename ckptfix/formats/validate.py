@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptfix.checkpoint import Checkpoint, OptimizerState, TensorInfo
-from ckptfix.formats.pickle_safe import TensorRef
+from ckptfix.formats.pickle_records import TensorRef
 from ckptfix.untrusted import check_plain_tree, escape, fail, want_dict, want_int, want_number
 
 _TENSOR = (TensorInfo, TensorRef)

@@ -87,10 +87,10 @@ import torch
 from ckptfix.guard.live import Live
 from ckptfix.guard.probe import StepProbe
 from ckptfix.guard.problems import Problem, TrainingSetupError, format_names, raise_or_warn
-from ckptfix.guard.resume_apply import Apply, check_live_state, not_landed, same_values
+from ckptfix.guard.resume_apply import Apply, not_landed, same_values
 from ckptfix.guard.resume_plan import ModelPlan, key_map, key_problems, plan_optimizer, plan_resume
 from ckptfix.guard.rewarm import Rewarm
-from ckptfix.guard.setup import check_training_setup, named_params, unwrap_optimizer
+from ckptfix.guard.setup import check_live_state, check_training_setup, named_params, unwrap_optimizer
 from ckptfix.policies import GUARD_POLICIES, canonical
 from ckptfix.record import NAMES_SCHEMA, Record, TokenizerRef
 
@@ -245,6 +245,7 @@ class ResumeGuard:
         self.probe: StepProbe | None = None
         self._rewarm: Rewarm | None = None
         self._tok_size: int | None = None
+        self._tok_info: Any = None
         self._tok_read = False
 
     # -- public API -----------------------------------------------------------------------------
@@ -264,7 +265,7 @@ class ResumeGuard:
         ckpt = _read(path)  # read
         analysis = analyse(ckpt)
         live = Live.capture(self.model, self.optimizer, self.scheduler, self.scaler, self._tokenizer_size())
-        live.tokenizer, live.from_tokenizer = token_table(self.tokenizer), token_table(self.from_tokenizer)
+        live.tokenizer, live.from_tokenizer = self._tokens(), token_table(self.from_tokenizer)
         if self.from_tokenizer is not None and (live.from_tokenizer is None or live.tokenizer is None):
             raise TypeError("from_tokenizer needs tokenizer= and from_tokenizer= as paths or TokenizerInfos "
                             "(their id -> token tables), not sizes or tokenizer objects")
@@ -333,7 +334,7 @@ class ResumeGuard:
         names = {id(p): n for n, p in named_params(self.model).items()}
         opt = unwrap_optimizer(self.optimizer) if self.optimizer is not None else None
         params = [p for g in opt.param_groups for p in g["params"]] if opt is not None else []
-        tok = token_table(self.tokenizer)
+        tok = self._tokens()
         ref = None
         if tok is not None:
             from ckptfix.identity import fingerprint
@@ -392,10 +393,16 @@ class ResumeGuard:
             return None
         return StepProbe(self.model, self.optimizer, self.scaler, steps=self.probe_steps)
 
-    def _tokenizer_size(self) -> int | None:
+    def _tokens(self) -> Any:
+        """The tokenizer's id -> token table (None for a size or a tokenizer object), read once per guard."""
         if not self._tok_read:
-            self._tok_size = tokenizer_size(self.tokenizer)
+            self._tok_info = token_table(self.tokenizer)
+            self._tok_size = self._tok_info.size if self._tok_info is not None else tokenizer_size(self.tokenizer)
             self._tok_read = True
+        return self._tok_info
+
+    def _tokenizer_size(self) -> int | None:
+        self._tokens()
         return self._tok_size
 
 

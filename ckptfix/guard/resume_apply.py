@@ -2,8 +2,9 @@
 
 `Apply(plan, ckpt, model, optimizer, scheduler, scaler)`: `.model()` loads the model tensors (vocab
 ones resized with the plan's repair edits), `.training_state()` the optimizer, scheduler and scaler;
-each returns the actions taken. `not_landed` and `check_live_state` look at the live objects after
-loading (CKF820, CKF822, CKF823). Values are materialised here, never in the plan.
+each returns the actions taken. `not_landed` looks at the live model after loading (CKF820;
+`setup.check_live_state` looks at the optimizer state: CKF822, CKF823). Values are materialised here, never in
+the plan.
 """
 
 from __future__ import annotations
@@ -17,8 +18,7 @@ import torch
 from ckptfix.dtypes import DTYPE_SIZES
 from ckptfix.guard.problems import Problem
 from ckptfix.guard.resume_plan import ResumePlan
-from ckptfix.guard.setup import named_params, unwrap_optimizer
-from ckptfix.mapping import MOMENT_KEYS
+from ckptfix.guard.setup import unwrap_optimizer
 from ckptfix.optim_state import state_path
 
 #: Elements compared per tensor to prove it was loaded (evenly spread over the tensor).
@@ -53,7 +53,7 @@ class Values:
 
     def __call__(self, value: Any, part: str = "extras", name: str = "") -> Any:
         from ckptfix.checkpoint import TensorInfo
-        from ckptfix.formats.pickle_safe import TensorRef, TorchDevice, TorchDtype
+        from ckptfix.formats.pickle_records import TensorRef, TorchDevice, TorchDtype
 
         if isinstance(value, TensorInfo):
             return self.tensor(value)
@@ -262,53 +262,3 @@ def not_landed(model: Any, loaded: dict[str, torch.Tensor]) -> Problem | None:
         "ignores them (a load_state_dict pre-hook or override that filters keys?).",
         tuple(bad),
     )
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def check_live_state(model: Any, optimizer: Any) -> list[Problem]:
-    """The live optimizer state against its parameters: CKF822 a moment shaped unlike its
-    parameter (state loaded by position onto other parameters); CKF823 another dtype/device."""
-    if optimizer is None:
-        return []
-    opt = unwrap_optimizer(optimizer)
-    names = {id(p): n for n, p in named_params(model).items()}
-    bad, misshaped = [], []
-    for group in opt.param_groups:
-        for p in group["params"]:
-            name = names.get(id(p), f"<unnamed {list(p.shape)}>")
-            for key, value in opt.state.get(p, {}).items():
-                if not isinstance(value, torch.Tensor) or key == "step":
-                    continue
-                if key in MOMENT_KEYS and value.shape != p.shape:
-                    misshaped.append(f"{name} {list(p.shape)} <- {key} {list(value.shape)}")
-                    break
-                codes = value.dtype == torch.uint8 and p.dtype.is_floating_point  # bitsandbytes' 8-bit state, by design
-                if value.shape == p.shape and ((value.dtype != p.dtype and not codes) or value.device != p.device):
-                    bad.append(f"{name}:{key} ({_dtype_name(value.dtype)} on {value.device}; "
-                               f"parameter {_dtype_name(p.dtype)} on {p.device})")
-                    break
-    problems = []
-    if misshaped:
-        problems.append(Problem(
-            "CKF822", "error",
-            f"the optimizer state of {len(misshaped)} parameter(s) has another shape than the "
-            "parameter (state loaded by position onto other parameters, or a resized vocab "
-            "without resized moments). optimizer.load_state_dict never checks this: the for-loop "
-            "and foreach AdamW raise at the first step(), fused=True (Trainer's adamw_torch_fused) "
-            "reads past the moments (NaN weights, heap corruption) or uses other rows' history. "
-            "Fix: `ckptfix repair CKPT --tokenizer TOK -o FIXED` (moments follow their rows), or "
-            "load with ResumeGuard(policy='remap').",
-            tuple(misshaped),
-        ))
-    if not bad:
-        return problems
-    return problems + [Problem(
-        "CKF823", "error",
-        f"optimizer state of {len(bad)} parameter(s) has another dtype/device than the "
-        "parameter: optimizer.step() fails ('expected dtype ... but got ...') or updates a "
-        "copy. Convert the model (model.to(...)) before building/loading the optimizer.",
-        tuple(bad),
-    )]

@@ -108,6 +108,11 @@ class ResumePlan:
 
 def plan_resume(ckpt: Any, analysis: Any, live: Live, policy: str, *, reset_scheduler: bool = False) -> ResumePlan:
     """Decide how `ckpt` (with its `inspect.analyse` result) loads into `live` under `policy`."""
+    if analysis.identity is None and live.tokenizer is not None:  # asked once: the resize plan and CKF828 share it
+        from ckptfix.identity import known_old_tokenizer
+        from ckptfix.vocab import vocab_rows
+
+        analysis.identity = known_old_tokenizer(ckpt, vocab_rows(analysis.vocab), live.from_tokenizer)
     model = plan_model(ckpt, analysis, live, policy)
     plan = ResumePlan(policy, model.plan, notes=list(ckpt.notes))
     plan.problems = check_tokenizer(live) + check_token_ids(ckpt, analysis, live, model.plan) + model.problems
@@ -245,7 +250,7 @@ def check_token_ids(ckpt: Any, analysis: Any, live: Live, model: ModelPlan) -> l
     from ckptfix.vocab import vocab_rows
 
     rows = vocab_rows(analysis.vocab)
-    old, _ = known_old_tokenizer(ckpt, rows, live.from_tokenizer)
+    old, _ = analysis.identity or known_old_tokenizer(ckpt, rows, live.from_tokenizer)
     if old is None or rows is None:
         return []
     moves = id_moves(old.info, live.tokenizer, rows)

@@ -11,8 +11,10 @@ from typing import Any
 import torch
 
 from ckptfix.guard.problems import Problem, report_problems
+from ckptfix.mapping import MOMENT_KEYS
 
-__all__ = ["check_training_setup", "named_params", "unwrap_optimizer", "is_adapter_param", "SETUP_CHECKS"]
+__all__ = ["check_training_setup", "check_live_state", "named_params", "unwrap_optimizer", "is_adapter_param",
+           "SETUP_CHECKS"]
 
 # ---------------------------------------------------------------------------------------------
 # Shared helpers
@@ -346,7 +348,55 @@ def check_training_setup(
     if setup.optimizer is not None and any(setup.optimizer.state.values()):
         # state loaded by hand (optimizer.load_state_dict): torch checks no moment's shape against its
         # parameter, and fused AdamW steps on wrong-shaped ones (CKF822; device and dtype are CKF805's)
-        from ckptfix.guard.resume_apply import check_live_state
-
         problems += [p for p in check_live_state(model, optimizer) if p.code == "CKF822"]
     return report_problems(problems, raise_on_error)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def check_live_state(model: Any, optimizer: Any) -> list[Problem]:
+    """The live optimizer state against its parameters: CKF822 a moment shaped unlike its
+    parameter (state loaded by position onto other parameters); CKF823 another dtype/device."""
+    if optimizer is None:
+        return []
+    opt = unwrap_optimizer(optimizer)
+    names = {id(p): n for n, p in named_params(model).items()}
+    bad, misshaped = [], []
+    for group in opt.param_groups:
+        for p in group["params"]:
+            name = names.get(id(p), f"<unnamed {list(p.shape)}>")
+            for key, value in opt.state.get(p, {}).items():
+                if not isinstance(value, torch.Tensor) or key == "step":
+                    continue
+                if key in MOMENT_KEYS and value.shape != p.shape:
+                    misshaped.append(f"{name} {list(p.shape)} <- {key} {list(value.shape)}")
+                    break
+                codes = value.dtype == torch.uint8 and p.dtype.is_floating_point  # bitsandbytes' 8-bit state, by design
+                if value.shape == p.shape and ((value.dtype != p.dtype and not codes) or value.device != p.device):
+                    bad.append(f"{name}:{key} ({_dtype_name(value.dtype)} on {value.device}; "
+                               f"parameter {_dtype_name(p.dtype)} on {p.device})")
+                    break
+    problems = []
+    if misshaped:
+        problems.append(Problem(
+            "CKF822", "error",
+            f"the optimizer state of {len(misshaped)} parameter(s) has another shape than the "
+            "parameter (state loaded by position onto other parameters, or a resized vocab "
+            "without resized moments). optimizer.load_state_dict never checks this: the for-loop "
+            "and foreach AdamW raise at the first step(), fused=True (Trainer's adamw_torch_fused) "
+            "reads past the moments (NaN weights, heap corruption) or uses other rows' history. "
+            "Fix: `ckptfix repair CKPT --tokenizer TOK -o FIXED` (moments follow their rows), or "
+            "load with ResumeGuard(policy='remap').",
+            tuple(misshaped),
+        ))
+    if not bad:
+        return problems
+    return problems + [Problem(
+        "CKF823", "error",
+        f"optimizer state of {len(bad)} parameter(s) has another dtype/device than the "
+        "parameter: optimizer.step() fails ('expected dtype ... but got ...') or updates a "
+        "copy. Convert the model (model.to(...)) before building/loading the optimizer.",
+        tuple(bad),
+    )]

@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ckptfix.guard import ResumeError, StepProbe, check_training_setup
 from ckptfix.guard.problems import Problem, raise_or_warn
-from ckptfix.guard.resume_apply import check_live_state
+from ckptfix.guard.setup import check_live_state
 
 __all__ = ["ResumeGuardCallback"]
 

@@ -37,8 +37,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from ckptfix.guard import ResumeError, StepProbe, TrainingSetupWarning, check_training_setup
 from ckptfix.guard.problems import Problem, raise_or_warn
-from ckptfix.guard.resume_apply import check_live_state
-from ckptfix.guard.setup import unwrap_optimizer
+from ckptfix.guard.setup import check_live_state, unwrap_optimizer
 
 __all__ = ["ResumeGuardCallback"]
 

@@ -8,7 +8,6 @@ a `ckptfix.json` sidecar for folders and bare state_dicts. The input is never mo
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import sys
 from dataclasses import dataclass, field
@@ -23,7 +22,6 @@ from ckptfix.io import BackgroundHash, check_output_path, output_target
 from ckptfix.record import REPAIR_SCHEMA, Record, TokenizerRef
 from ckptfix.surgery.plan import RepairPlan, make_plan
 from ckptfix.surgery.undo import restore
-from ckptfix.untrusted import resolve_url
 from ckptfix.verify import VerifyFailed, undo_write, verify_output
 
 RECORD_SCHEMA = REPAIR_SCHEMA
@@ -104,7 +102,11 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
                                                pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
                                                trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids,
                                                keep=tuple(keep), progress=progress)
-    source = os.fspath(resolve_url(checkpoint))
+    source = os.fspath(checkpoint)
+    if "://" in str(source):  # a URL: read through its sparse local mirror (ckptfix.remote)
+        from ckptfix.remote import local_path
+
+        source = local_path(source)
     if in_place:
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                 std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
@@ -371,6 +373,3 @@ def _tokenizer_ref(tok: Any) -> TokenizerRef:
 
     return TokenizerRef(_named(tok.path), tok.size, fingerprint(tok))
 
-
-def record_json(record: dict[str, Any]) -> bytes:
-    return (json.dumps(record, indent=2, sort_keys=False) + "\n").encode()

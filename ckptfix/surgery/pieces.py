@@ -175,7 +175,7 @@ def _byte_level_bpe(info: Any, vocab_file: Path, merges_file: Path) -> Any:
     """GPT-2's vocab.json + merges.txt as transformers' GPT2Tokenizer builds its `tokenizers` backend."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from ckptfix.tokenizers import decode_text
+    from ckptfix.tokenizer_info import decode_text
 
     vocab = {t: i for i, t in enumerate(info.base_tokens) if t is not None}
     lines = decode_text(merges_file, _read(merges_file)).split("\n")

@@ -17,7 +17,7 @@ import numpy as np
 
 from ckptfix.blockers import repair_blocker
 from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torch, widen_stored
-from ckptfix.checks import Finding
+from ckptfix.checks.codes import Finding
 from ckptfix.checks.reserved import never_trained_from
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
 from ckptfix.dtypes import DTYPE_SIZES
@@ -25,7 +25,7 @@ from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
 from ckptfix.optim_state import Refusal, action_for, describe, state_keys, unremappable
 from ckptfix.policies import REPAIR_POLICIES, canonical
-from ckptfix.recorded import megatron_padding, recorded_padding, recorded_rows
+from ckptfix.recorded import find_recorded, megatron_padding, recorded_padding, recorded_rows, updates
 from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
 from ckptfix.surgery.pieces import piece_rows, why_no_segmenter
 from ckptfix.surgery.rows import (
@@ -37,6 +37,7 @@ from ckptfix.surgery.rows import (
     plan_by_id,
     plan_by_token,
 )
+from ckptfix.vocab import separate_tensors, vocab_rows
 
 POLICIES = REPAIR_POLICIES
 INITS = ("pieces", "mean", "zeros", "normal")
@@ -233,8 +234,6 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     and not at all when the new tokenizer alone shows that ids moved (CKF122).
     `keep`: paths the user says are not indexed by this tokenizer's ids (a separate vocabulary, a count that
     only happens to equal the vocab size): left out of the plan; `ckptfix.audit` reports them as kept."""
-    from ckptfix.audit import separate_vocabularies
-
     ckpt = report.ckpt
     from_tokenizer, rows_by, identity_notes = _old_tokenizer(report, tokenizer, from_tokenizer, keep_ids)
     asked = policy is not None
@@ -247,7 +246,8 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
         raise RepairError(f"unknown --init {init!r} (choose {', '.join(INITS)})")
     if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
         raise RepairError("--pad-to-multiple-of must be a positive integer")
-    kept = separate_vocabularies(ckpt, report.vocab, tuple(keep))
+    named = {v.name: "kept as asked (--keep): not indexed by this tokenizer's ids" for v in report.vocab if v.name in keep}
+    kept = {**separate_tensors(ckpt), **named}
     vocab = [v for v in report.vocab if v.tied_to is None and v.name not in kept]
     blocked = repair_blocker(ckpt, vocab)
     if blocked:
@@ -321,15 +321,14 @@ def _note_format(plan: RepairPlan) -> None:
 
 def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[Any, str, list[str]]:
     """(the tokenizer rows move from or None, "token" | "id", notes) for this repair."""
-    from ckptfix.identity import data_evidence, known_old_tokenizer
-    from ckptfix.vocab import vocab_rows
+    from ckptfix.identity import data_evidence
 
     rows = vocab_rows(report.vocab)
     if keep_ids:
         return None, "id", ["rows kept by id (--keep-ids): token i keeps row i"]
     if tokenizer.id_to_token() is None:  # the guard's target without a token table: only a row count
         return None, "id", []
-    old, notes = known_old_tokenizer(report.ckpt, rows, given)
+    old, notes = _known_old(report, rows, given)
     if old is not None:
         if old.origin != "given":
             notes.append(f"rows moved by token string from the old tokenizer {old.describe()}")
@@ -346,13 +345,22 @@ def _old_tokenizer(report, tokenizer: Any, given: Any, keep_ids: bool) -> tuple[
     return None, "id", notes
 
 
+def _known_old(report: Any, rows: int | None, given: Any) -> tuple[Any, list[str]]:
+    """`identity.known_old_tokenizer`'s answer: the analysis's when it asked the same question (so a record's or
+    a folder's own tokenizer file is read once per run), else asked now (the guard analyses without one)."""
+    from ckptfix.identity import known_old_tokenizer
+
+    if report.identity is not None:
+        old, notes = report.identity
+        if (old.info if old is not None and old.origin == "given" else None) is given:
+            return old, list(notes)
+    return known_old_tokenizer(report.ckpt, rows, given)
+
+
 def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
     """Recorded vocab sizes (nanoGPT model_args, Lightning hyper_parameters, litgpt) follow the rows."""
-    from ckptfix.audit import display
-    from ckptfix.recorded import find_recorded, updates
-
-    changes = updates(find_recorded(plan.ckpt.extras), old_rows, plan.target_rows, plan.tokenizer.size)
-    plan.recorded = {path: value for path, value in changes.items() if display(path) not in plan.keep}
+    recorded = [r for r in find_recorded(plan.ckpt.extras) if r.where not in plan.keep]  # --keep PATH: left as it is
+    plan.recorded = updates(recorded, old_rows, plan.target_rows, plan.tokenizer.size)
     for path, value in plan.recorded.items():
         plan.notes.append(f"recorded {'.'.join(map(str, path))} set to {value}")
 

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from ckptfix.dtypes import contiguous_stride
 from ckptfix.formats.common import iter_tensor_refs
-from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+from ckptfix.formats.pickle_records import StorageRef, TensorRef
 from ckptfix.formats.torch_save import Spliced, StorageSource
 from ckptfix.optim_state import state_path
 from ckptfix.surgery.plan import DEFAULT_SCALE, RepairPlan, TensorEdit

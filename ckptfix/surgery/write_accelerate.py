@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ckptfix.io import atomic_folder, backup_path, copy_input_entry, create_file
+from ckptfix.record import record_json
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import edit_model, edit_optimizer, edit_scaler
 from ckptfix.surgery.write_hf import rewrite_torch_file, write_safetensors
@@ -37,8 +38,6 @@ def plan_notes(plan: RepairPlan) -> list[str]:
 
 def write_accelerate_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                             in_place: bool, progress: Any = None) -> str | None:
-    from ckptfix.surgery import record_json
-
     ckpt, source = plan.ckpt, plan.ckpt.path
     part = {os.path.basename(f): p for p, f in ckpt.files.items() if p in ("model", "optimizer", "scheduler", "scaler")}
     backup = backup_path(out) if in_place and os.path.exists(out) else None

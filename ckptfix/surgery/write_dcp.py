@@ -60,6 +60,7 @@ from ckptfix.io import (
     move_new,
     prefetch,
 )
+from ckptfix.record import record_json
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.undo import BACKUP_SUFFIX, RESTORE_FILE, InPlace
 
@@ -414,8 +415,6 @@ def _other_files(src: str) -> list[str]:
 
 
 def _record(record_fn: Callable[[], dict]) -> bytes:
-    from ckptfix.surgery import record_json
-
     return record_json(record_fn())
 
 

@@ -22,8 +22,9 @@ from ckptfix.errors import RepairError
 from ckptfix.formats import torch_file, torch_save
 from ckptfix.formats.deepspeed_folder import _MODEL_STATES
 from ckptfix.formats.deepspeed_universal import WEIGHTS, ZERO, param_folders
-from ckptfix.formats.pickle_safe import TensorRef
+from ckptfix.formats.pickle_records import TensorRef
 from ckptfix.io import atomic_folder, backup_path, copy_input_entry, create_file
+from ckptfix.record import record_json
 from ckptfix.surgery.plan import RepairPlan, TensorEdit
 from ckptfix.surgery.rows import narrow_to_stored
 from ckptfix.surgery.torch_tree import StorageTable
@@ -42,8 +43,6 @@ def plan_notes(plan: RepairPlan) -> list[str]:
 
 def write_universal_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                            in_place: bool, progress: Any = None) -> str | None:
-    from ckptfix.surgery import record_json
-
     src = plan.ckpt.path
     produce = _Produced(plan, rng)
     rewrites = _rewrites(plan, src)

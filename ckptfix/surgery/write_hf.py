@@ -23,6 +23,7 @@ from ckptfix.errors import RepairError
 from ckptfix.formats import safetensors_file, safetensors_save, torch_file, torch_save
 from ckptfix.io import atomic_file, atomic_folder, backup_path, copy_input_entry, create_file
 from ckptfix.progress import Progress
+from ckptfix.record import record_json
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer, edit_scaler
 from ckptfix.untrusted import load_json_file
@@ -38,8 +39,6 @@ CARRIED_IF_ABSENT = ("special_tokens_map.json",)
 def write_safetensors_file(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                            in_place: bool, progress: Any = None) -> str | None:
     """A single `.safetensors` (weights only); the record goes to `OUT.ckptfix.json`."""
-    from ckptfix.surgery import record_json
-
     backup = backup_path(out) if in_place else None
     with atomic_file(out, mode_like=plan.ckpt.path, backup=in_place) as f:
         write_safetensors(plan, plan.ckpt.path, f, rng, progress)
@@ -65,8 +64,6 @@ def write_safetensors(plan: RepairPlan, source: str, f: Any, rng: np.random.Gene
 
 def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                     in_place: bool, progress: Any = None) -> str | None:
-    from ckptfix.surgery import record_json
-
     source = plan.ckpt.path
     edited_files = {plan.ckpt.model[name].locate().file for name in plan.weights}
     backup = backup_path(out) if in_place and os.path.exists(out) else None
@@ -246,8 +243,6 @@ def write_safetensors_from_torch(plan: RepairPlan, out: str, record_fn: Callable
     """A repaired bare state_dict written as `.safetensors` (the user named OUT so): edited tensors produced,
     contiguous ones copied byte for byte, other views materialised from the mapped file; tied names each
     get their own copy of the same values (safetensors stores no shared tensors). Record in OUT.ckptfix.json."""
-    from ckptfix.surgery import record_json
-
     produced: dict[str, Any] = {}  # a tied pair's edited tensor is produced once (its new rows are random)
 
     def edited(owner: str) -> Any:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ckptfix.errors import RepairError
 from ckptfix.io import atomic_write
+from ckptfix.record import record_json
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.undo import InPlace
 from ckptfix.surgery.write_hf import (
@@ -104,6 +105,4 @@ def _new_index(plan: RepairPlan, path: str, renamed: dict[str, str]) -> bytes:
 
 
 def _record(record_fn: Callable[[], dict]) -> bytes:
-    from ckptfix.surgery import record_json
-
     return record_json(record_fn())

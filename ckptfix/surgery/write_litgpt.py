@@ -14,6 +14,7 @@ import numpy as np
 
 from ckptfix.formats.litgpt_folder import CONFIG, WEIGHTS, rewrite_config
 from ckptfix.io import atomic_folder, backup_path, copy_input_entry, create_file
+from ckptfix.record import record_json
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.write_hf import TOKENIZER_FILES, _copy_tokenizer, _rewrite_training_file, rewrite_torch_file
 from ckptfix.surgery.write_torch import edited_tree
@@ -21,8 +22,6 @@ from ckptfix.surgery.write_torch import edited_tree
 
 def write_litgpt_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                         in_place: bool, progress: Any = None) -> str | None:
-    from ckptfix.surgery import record_json
-
     source = plan.ckpt.path
     in_yaml = {path[1]: value for path, value in plan.recorded.items() if path[0] == CONFIG}
     in_pickle = dataclasses.replace(plan, recorded={p: v for p, v in plan.recorded.items() if p[0] != CONFIG})

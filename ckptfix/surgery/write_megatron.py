@@ -32,7 +32,7 @@ from ckptfix.formats.megatron_folder import (
     MegatronLayout,
     flat_bucket_problem,
 )
-from ckptfix.formats.pickle_safe import OpaqueObject
+from ckptfix.formats.pickle_records import OpaqueObject
 from ckptfix.io import atomic_folder, write_new
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.rows import apply_plan

@@ -12,6 +12,7 @@ import numpy as np
 from ckptfix.errors import RepairError
 from ckptfix.formats import torch_file, torch_save
 from ckptfix.io import atomic_file, backup_path
+from ckptfix.record import record_json
 from ckptfix.surgery.plan import RepairPlan
 from ckptfix.surgery.torch_tree import StorageTable, edit_model, edit_optimizer, edit_scaler
 
@@ -92,8 +93,6 @@ def edited_tree(plan: RepairPlan, tree: Any, table: StorageTable) -> Any:
 def write_torch_checkpoint(plan: RepairPlan, out: str, record_fn: Callable[..., dict], *, rng: np.random.Generator,
                            in_place: bool, progress: Any = None) -> str | None:
     """Stream the repaired checkpoint to `out` atomically. Returns the backup path when writing in place."""
-    from ckptfix.surgery import record_json
-
     source = plan.ckpt.path
     # Opaque mode imports nothing either; an inert record (--trust-pickle) is then refused by name when
     # written ("cannot be written back"), not reported as an unsafe pickle the user already allowed.
@@ -128,10 +127,8 @@ def write_torch_from_safetensors(plan: RepairPlan, out: str, record_fn: Callable
     record goes to `OUT.ckptfix.json`, as for a bare state_dict."""
     from ckptfix.dtypes import contiguous_stride
     from ckptfix.formats import safetensors_file
-    from ckptfix.formats.pickle_safe import StorageRef, TensorRef
+    from ckptfix.formats.pickle_records import StorageRef, TensorRef
     from ckptfix.formats.torch_save import StorageSource
-    from ckptfix.surgery import record_json
-
     tensors, _ = safetensors_file.tensors(plan.ckpt.path)
     tree: collections.OrderedDict[str, TensorRef] = collections.OrderedDict()
     sources: dict[str, StorageSource] = {}
