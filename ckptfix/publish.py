@@ -67,7 +67,7 @@ class Provenance:
         return sorted(self.copies.get((st.st_dev, st.st_ino), []), key=lambda c: c.dst_pos)
 
     def __call__(self, src_local: str, src_pos: int, dst_fd: int, dst_pos: int, size: int) -> bool:
-        from ckptfix import remote
+        import ckptfix.remote as remote
 
         try:
             dst = os.readlink(f"/proc/self/fd/{dst_fd}")
@@ -117,7 +117,7 @@ def out_exists(fs: Any, path: str) -> bool:
 
 def publish(staged: str, out_url: str, provenance: Provenance | None = None) -> Published:
     """Upload the staged file or folder `staged` to `out_url`, switch objects last (module doc)."""
-    from ckptfix import remote
+    import ckptfix.remote as remote
 
     fs, root = remote.filesystem(out_url)
     root = root.rstrip("/")
@@ -299,7 +299,7 @@ def repair_to_object_store(repair: Callable[..., Any], source: str, tokenizer: A
                            force: bool, dry_run: bool, **options: Any) -> Any:
     """`repair(source, tokenizer, OUT)` with OUT in object storage: the ordinary repair (read, plan, audit,
     write, verify) into a private staging folder, then `publish` (module doc)."""
-    from ckptfix import remote
+    import ckptfix.remote as remote
 
     fs, root = remote.filesystem(out_url)
     root = root.rstrip("/")
@@ -360,7 +360,7 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
     data files (their unchanged ranges copied inside the store), the backups (`NAME.ckptfix-bak`: a
     server-side copy of the old object when the writer moved it aside), the restore list, the replaced files,
     and the switch object (`.metadata`, the index) last. `ckptfix restore URL` undoes it."""
-    from ckptfix import remote
+    import ckptfix.remote as remote
     from ckptfix.surgery.undo import RESTORE_FILE
 
     if out is not None and os.fspath(out).rstrip("/") != url.rstrip("/"):
@@ -410,30 +410,3 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
         result.backup = remote.shown(result.backup)
     result.notes.append(done.note(mirror.url) + "; undo: ckptfix restore " + mirror.url)
     return result
-
-
-def restore_in_object_store(url: str) -> list[str]:
-    """`ckptfix restore URL`: the restore list checked as for a folder (on the prefix's mirror), then the
-    backups copied back over their names inside the store (the switch object first), the backups, the added
-    objects and the restore list deleted."""
-    from ckptfix import remote
-    from ckptfix.surgery.undo import RESTORE_FILE, _read_restore_list, restore
-
-    folder = remote.local_path(url)
-    mirror = remote.mirror_of(folder)
-    if mirror is None or not os.path.isdir(folder):
-        raise RepairError(f"{remote._shown_url(url)}: no in-place repair to undo ({RESTORE_FILE} missing)")
-    switch, backups, added = _read_restore_list(folder)
-    done = restore(folder)  # every check of a local restore, on the mirror (nothing remote touched yet)
-    fs, root = mirror.fs, mirror.key
-    try:
-        for name in sorted(backups, key=lambda n: n != switch):  # the checkpoint's switch first
-            fs.copy(f"{root}/{backups[name]}", f"{root}/{name}")
-        for name in [*backups.values(), *added, RESTORE_FILE]:
-            if fs.exists(f"{root}/{name}"):
-                fs.rm_file(f"{root}/{name}")
-    except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
-        raise remote.storage_error(url, exc) from None
-    finally:
-        fs.invalidate_cache()
-    return done
