@@ -78,11 +78,28 @@ class Provenance:
         if obj is None or not dst.startswith(self.staging + os.sep) or size <= 0:
             return False
         whole = src_pos == 0 and size == obj.size
-        if size < MIN_PART and not whole:  # too small for a part of its own: fetched, uploaded with neighbours
+        # Small copies (configs, indexes, headers) are fetched and written: ckptfix itself may read them back
+        # from the staging folder (the verify stage), and a part needs 5 MiB anyway.
+        if size < MIN_PART:
             return False
+        if whole and src_local.endswith(".safetensors"):
+            _fill_safetensors_header(remote, src_local, dst_fd, dst_pos, size)  # the verify stage reads it
         st = os.fstat(dst_fd)
         self.copies.setdefault((st.st_dev, st.st_ino), []).append(Copy(dst_pos, obj.key, src_pos, size, whole))
         return True
+
+
+def _fill_safetensors_header(remote: Any, src_local: str, dst_fd: int, dst_pos: int, size: int) -> None:
+    """Write a copied safetensors file's 8-byte length and JSON header into the staged file (the rest stays a
+    hole, copied inside the store), so that ckptfix's readers see the header the published object will have."""
+    remote.ensure(src_local, 0, 8)
+    with open(src_local, "rb") as f:
+        head = os.pread(f.fileno(), 8, 0)
+        length = int.from_bytes(head, "little") if len(head) == 8 else size
+        n = 8 + min(length, size - 8)
+        remote.ensure(src_local, 0, n)
+        data = os.pread(f.fileno(), n, 0)
+    os.pwrite(dst_fd, data, dst_pos)
 
 
 @dataclass
