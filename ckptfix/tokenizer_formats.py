@@ -53,6 +53,9 @@ def _byte_alphabet() -> list[str]:
 
 
 BYTE_ALPHABET = _byte_alphabet()
+# The byte values in bytes_to_unicode's own order, printable ones first: the ids GPT-2's encoder.json, tiktoken's
+# data_gym_to_mergeable_bpe_ranks and CLIP's SimpleTokenizer give the 256 single bytes.
+BYTE_RANK_ORDER = [b for b in range(256) if BYTE_ALPHABET[b] == chr(b)] + [b for b in range(256) if BYTE_ALPHABET[b] != chr(b)]
 
 
 def byte_token(raw: bytes) -> str:
@@ -289,9 +292,7 @@ def load_merges(path: Path, text: str) -> TokenizerInfo:
     (256 byte tokens, then one per merge) plus <|endoftext|>: GPT-2's 50000 merges -> 50257."""
     require(text.count("\n") < MAX_VOCAB - len(BYTE_ALPHABET), path, "merges: more merges than any vocabulary holds")
     # data_gym_to_mergeable_bpe_ranks numbers the single bytes printable ones first (GPT-2's encoder.json ids)
-    printable = [b for b in range(256) if chr(b).isprintable() and chr(b) != " "]
-    order = printable + [b for b in range(256) if b not in printable]
-    base: list[str | None] = [BYTE_ALPHABET[b] for b in order]
+    base: list[str | None] = [BYTE_ALPHABET[b] for b in BYTE_RANK_ORDER]
     lines = io.StringIO(text)  # one line at a time: a list of split lines cost 60x the file (767 MB for 12 MB)
     next(lines, None)  # the "#version" line
     for line in lines:
@@ -303,10 +304,9 @@ def load_merges(path: Path, text: str) -> TokenizerInfo:
     return build_info(path, "gpt2-bpe", base, {len(base): "<|endoftext|>"})
 
 
-def load_clip_bpe(path: Path, data: bytes) -> TokenizerInfo:
-    """CLIP's bpe_simple_vocab_16e6.txt.gz as open_clip's SimpleTokenizer (and OpenAI CLIP's) builds it: the
-    256 byte tokens, the same with "</w>", merges[1:49152-256-2+1], then <start_of_text>, <end_of_text>:
-    49408 ids (open_clip/tokenizer.py; CLIP's vocab_size 49408)."""
+def clip_merges(path: Path, data: bytes) -> list[tuple[str, str]]:
+    """The merges of CLIP's bpe_simple_vocab_16e6.txt.gz that open_clip's SimpleTokenizer (and OpenAI CLIP's)
+    uses: lines 1 .. 49152-256-2 after the "#version" header (open_clip/tokenizer.py)."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
         raw = inflater.decompress(data, MAX_GZIP_TEXT)
@@ -318,7 +318,15 @@ def load_clip_bpe(path: Path, data: bytes) -> TokenizerInfo:
     require("#version:" in text.split("\n", 1)[0], path, "gzip'd file is not a BPE merges list ('#version:' header)")
     merges = [tuple(line.split()) for line in text.split("\n")[1:49152 - 256 - 2 + 1]]
     require(all(len(m) == 2 for m in merges), path, "merges: expected two symbols per line")
-    base: list[str | None] = [*BYTE_ALPHABET, *(t + "</w>" for t in BYTE_ALPHABET), *("".join(m) for m in merges)]
+    return [(a, b) for a, b in merges]
+
+
+def load_clip_bpe(path: Path, data: bytes) -> TokenizerInfo:
+    """CLIP's merges file as SimpleTokenizer builds its vocabulary: the 256 byte tokens in bytes_to_unicode's
+    order (printable first: "!" is id 0), the same with "</w>", one token per merge, then <start_of_text>,
+    <end_of_text>: 49408 ids (open_clip/tokenizer.py; CLIP's vocab_size 49408)."""
+    single = [BYTE_ALPHABET[b] for b in BYTE_RANK_ORDER]
+    base: list[str | None] = [*single, *(t + "</w>" for t in single), *(a + b for a, b in clip_merges(path, data))]
     return build_info(path, "clip-bpe", base, {len(base): "<start_of_text>", len(base) + 1: "<end_of_text>"})
 
 

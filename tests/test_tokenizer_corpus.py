@@ -161,19 +161,57 @@ def _gpt2_pair(entry: corpus.Entry) -> int:
     return len(tokenizer)
 
 
-def _clip(path: Path) -> int:
+def _clip_tokenizer(path: Path):
+    """open_clip 3.3.0's own SimpleTokenizer (open_clip/tokenizer.py from the pinned wheel, loaded alone: the
+    package's __init__ imports its models), on the corpus file."""
     pytest.importorskip("ftfy")
     lib = _lib("open-clip-torch") / "open_clip"
     if not (lib / path.name).exists():  # the module computes its default bpe path at import
         (lib / path.name).symlink_to(path)
     module = _module("open_clip_tokenizer", lib / "tokenizer.py")
-    return len(module.SimpleTokenizer(bpe_path=str(path)).encoder)
+    return module.SimpleTokenizer(bpe_path=str(path))
+
+
+def _clip(path: Path) -> int:
+    return len(_clip_tokenizer(path).encoder)
+
+
+def _rwkv_tokenizer(path: Path):
+    """rwkv 0.8.32's own TRIE_TOKENIZER (it eval()s each line of the pinned, sha256-checked file: the test runs
+    the library as users do; ckptfix itself reads the lines as literals only)."""
+    module = _module("rwkv_tokenizer", _lib("rwkv") / "rwkv/rwkv_tokenizer.py")
+    return module.TRIE_TOKENIZER(str(path))
 
 
 def _rwkv(path: Path) -> int:
-    module = _module("rwkv_tokenizer", _lib("rwkv") / "rwkv/rwkv_tokenizer.py")
-    tokenizer = module.TRIE_TOKENIZER(str(path))
+    tokenizer = _rwkv_tokenizer(path)
     return max(tokenizer.idx2token) + 1  # ids 1..65529; id 0 is the end of text: 65530 rows needed
+
+
+@pytest.mark.parametrize("name", ["clip-bpe", "rwkv-world", "gpt2-encoder", "gpt2-vocab-bpe"])
+def test_every_id_is_the_librarys_token(name):
+    """Not only the size: ckptfix's id -> token table is the library's, id for id (CLIP numbers its single
+    bytes in bytes_to_unicode's order, printable first; RWKV's ids are the file's)."""
+    from ckptfix.tokenizer_formats import BYTE_ALPHABET
+
+    entry = next(e for e in corpus.ENTRIES if e.name == name)
+    path = _cached(entry)
+    table = load_tokenizer(path).id_to_token()
+    if name == "clip-bpe":
+        theirs = {i: t for t, i in _clip_tokenizer(path).encoder.items()}
+    elif name == "rwkv-world":
+        theirs = {i: "".join(BYTE_ALPHABET[b] for b in raw) for i, raw in _rwkv_tokenizer(path).idx2token.items()}
+        theirs[0] = "<|endoftext|>"  # not in the file: the id RWKV's models reserve for the end of text
+    else:
+        pytest.importorskip("tiktoken")
+        from tiktoken.load import data_gym_to_mergeable_bpe_ranks
+
+        encoder = _cached(next(e for e in corpus.ENTRIES if e.name == "gpt2-encoder"))
+        merges = _cached(next(e for e in corpus.ENTRIES if e.name == "gpt2-vocab-bpe"))
+        ranks = data_gym_to_mergeable_bpe_ranks(str(merges), str(encoder))
+        theirs = {i: "".join(BYTE_ALPHABET[b] for b in raw) for raw, i in ranks.items()} | {50256: "<|endoftext|>"}
+    assert len(table) == len(theirs) == entry.size
+    assert [i for i, t in enumerate(table) if theirs[i] != t] == []
 
 
 def _wordpiece(path: Path) -> int:
@@ -254,7 +292,7 @@ TEXTS = [" return_value", " snake_case_name", "getAttribute", " __init__", " kwa
 
 def users_encoder(entry: corpus.Entry, path: Path):
     """The encoder users' code gets for this file, built by its own library (never through ckptfix), as
-    text -> ids without BOS/EOS; None where ckptfix offers no pieces for the format."""
+    text -> ids without BOS/EOS."""
     kind = entry.format
     if kind == "sentencepiece":
         import sentencepiece
@@ -271,6 +309,10 @@ def users_encoder(entry: corpus.Entry, path: Path):
         return lambda text: llama.encode(text, bos=False, eos=False)
     if kind.startswith("tiktoken:whisper"):
         return _whisper(entry, path).encode
+    if kind == "clip-bpe":
+        return _clip_tokenizer(path).encode
+    if kind == "rwkv":
+        return _rwkv_tokenizer(path).encode
     if kind == "tiktoken:qwen":
         import unicodedata
 
@@ -288,14 +330,15 @@ def users_encoder(entry: corpus.Entry, path: Path):
         fast = PreTrainedTokenizerFast(tokenizer_file=str(path)) if kind == "tokenizer.json" else (
             AutoTokenizer.from_pretrained(str(path)))
         return lambda text: fast.encode(text, add_special_tokens=False)
-    if kind == "gpt2-bpe":  # tiktoken's own gpt2 encoding: encoder.json + vocab.bpe
+    if kind in ("gpt2-bpe", "vocab.json"):  # tiktoken's own gpt2 encoding: encoder.json + vocab.bpe
         pytest.importorskip("tiktoken")
         import tiktoken
         from tiktoken.load import data_gym_to_mergeable_bpe_ranks
         from tiktoken_ext import openai_public
 
         encoder = _cached(next(e for e in corpus.ENTRIES if e.name == "gpt2-encoder"))
-        ranks = data_gym_to_mergeable_bpe_ranks(str(path), str(encoder))
+        merges = _cached(next(e for e in corpus.ENTRIES if e.name == "gpt2-vocab-bpe"))
+        ranks = data_gym_to_mergeable_bpe_ranks(str(merges), str(encoder))
         return tiktoken.Encoding("gpt2", pat_str=openai_public.r50k_pat_str, mergeable_ranks=ranks,
                                  special_tokens={"<|endoftext|>": 50256}).encode
     if kind == "wordpiece":
@@ -303,7 +346,7 @@ def users_encoder(entry: corpus.Entry, path: Path):
 
         bert = BertTokenizer(vocab=str(path))
         return lambda text: bert.encode(text, add_special_tokens=False)
-    return None  # encoder.json without merges, CLIP's merges, RWKV: no pieces (the plan says why)
+    raise AssertionError(f"no users' encoder for {kind}")
 
 
 AGREEMENT: dict[str, str] = {}
@@ -330,10 +373,6 @@ def test_pieces_segment_every_text_as_the_library_does(entry, monkeypatch):
     info = load_tokenizer(path)
     users = users_encoder(entry, path)
     segmenter = pieces.load_segmenter(info)
-    if users is None:
-        assert segmenter is None
-        AGREEMENT[entry.name] = f"n/a | {pieces.why_no_segmenter(info)}"
-        return
     assert segmenter is not None, pieces.why_no_segmenter(info)
     wrong = _agreement(segmenter, users)
     row = f"{2 * len(TEXTS) - len(wrong)}/{2 * len(TEXTS)} | {segmenter.library}"
@@ -346,6 +385,124 @@ def test_pieces_segment_every_text_as_the_library_does(entry, monkeypatch):
         wrong += [f"{t!r} (without tiktoken)" for t in wrong_fallback]
     AGREEMENT[entry.name] = row
     assert not wrong, f"{entry.name}: {wrong}"
+
+
+def test_clip_tokens_spelled_in_rwkv_pieces_as_rwkv_spells_them():
+    """piece_rows end to end across two real files: CLIP's tokens as new rows, RWKV's world vocab as the old
+    tokenizer. A CLIP word-end token ("return</w>") stands for its word, a word-inside token ("ret") for its
+    letters (no space: "</w>" ends a word, nothing marks its start); each is spelled in the old rows RWKV's own
+    TRIE_TOKENIZER gives the text (after a word, as `pieces.spell` asks)."""
+    import numpy as np
+
+    from ckptfix.surgery.pieces import piece_rows
+
+    clip_entry, rwkv_entry = (next(e for e in corpus.ENTRIES if e.name == n) for n in ("clip-bpe", "rwkv-world"))
+    clip, rwkv = load_tokenizer(_cached(clip_entry)), load_tokenizer(_cached(rwkv_entry))
+    trie = _rwkv_tokenizer(_cached(rwkv_entry))
+    table = clip.id_to_token()
+    words = {table.index(t): text for t, text in [("return</w>", "return"), ("ret", "ret"), ("naïve</w>", "naïve")]
+             if t in table}
+    assert len(words) >= 2
+    source = np.arange(clip.size)
+    source[list(words)] = -1
+    rows = piece_rows(source, clip, rwkv, rwkv.size)
+    head = trie.encode("a")
+    for new_id, text in words.items():
+        after_a = trie.encode("a" + text)
+        expected = after_a[len(head):] if after_a[:len(head)] == head else trie.encode(text)
+        assert rows[new_id] == tuple(expected), (table[new_id], rows[new_id])
+
+
+def test_clip_without_ftfy_has_no_pieces_and_says_why(monkeypatch):
+    """CLIP's text cleaning is ftfy's: without it there is no faithful segmenter, and the plan's note says so."""
+    from ckptfix.surgery import pieces
+
+    info = load_tokenizer(_cached(next(e for e in corpus.ENTRIES if e.name == "clip-bpe")))
+    pieces._load.cache_clear()
+    monkeypatch.setitem(sys.modules, "ftfy", None)
+    try:
+        assert pieces.load_segmenter(info) is None
+        assert "ftfy" in (pieces.why_no_segmenter(info) or "")
+    finally:
+        pieces._load.cache_clear()
+
+
+def test_a_vocab_json_without_merges_other_than_gpt2s_has_no_pieces(tmp_path):
+    """Only GPT-2's own encoder.json (tiktoken's pinned sha256) is encoded without merges: its ids are tiktoken's
+    gpt2 ranks. The same vocabulary reformatted is not recognised, and gets no pieces rather than a guess."""
+    from ckptfix.surgery import pieces
+
+    encoder = _cached(next(e for e in corpus.ENTRIES if e.name == "gpt2-encoder"))
+    other = tmp_path / "encoder.json"
+    other.write_text(json.dumps(json.loads(encoder.read_text()), indent=1))
+    info = load_tokenizer(other)
+    assert info.size == 50257 and pieces.load_segmenter(info) is None
+    assert "without merges" in (pieces.why_no_segmenter(info) or "")
+
+
+def test_clip_folder_tokens_are_their_words(tmp_path):
+    """A CLIPTokenizer folder (transformers' own, made from the real merges) marks a word's last piece with
+    "</w>" as the merges file does: its token "return</w>" stands for the word "return" in both, not for
+    "return</w>" spelled in the old tokenizer's pieces."""
+    from transformers import CLIPTokenizer
+
+    from ckptfix.surgery.pieces import token_text
+
+    path = _cached(next(e for e in corpus.ENTRIES if e.name == "clip-bpe"))
+    simple = _clip_tokenizer(path)
+    merges = sorted(simple.bpe_ranks, key=simple.bpe_ranks.__getitem__)
+    CLIPTokenizer(vocab=dict(simple.encoder), merges=merges).save_pretrained(tmp_path)
+    for source in (path, tmp_path):
+        info = load_tokenizer(source)
+        assert [token_text(info, t) for t in ("return</w>", "ret", "</w>")] == ["return", "ret", "</w>"]
+
+
+def test_rwkv_vocab_without_every_byte_has_no_pieces_and_says_why(tmp_path):
+    """rwkv's TRIE_TOKENIZER fails (an assert) on a text with a byte no token starts with; such a vocab gets
+    no segmenter rather than one that spells some texts as WordPiece's unknown token."""
+    from ckptfix.surgery import pieces
+
+    vocab = tmp_path / "rwkv_vocab_v20230424.txt"
+    vocab.write_text("1 'a' 1\n2 'b' 1\n3 'ab' 2\n")
+    info = load_tokenizer(vocab)
+    assert info.kind == "rwkv" and pieces.load_segmenter(info) is None
+    assert "256 single bytes" in (pieces.why_no_segmenter(info) or "")
+
+
+FOLDERS = [_param(e) for e in corpus.ENTRIES if e.format == "hf-folder" and e.package != "openai-whisper-hf"]
+
+
+def _pipeline(tok) -> dict:
+    """What decides a `tokenizers.Tokenizer`'s ids besides its vocabulary: normalizer, pre-tokenizer and the
+    model's options. Left out: trim_offsets (offsets only), the decoder, and the unknown token where byte
+    fallback spells every byte (transformers 5's LlamaTokenizer sets none; the file names <unk>)."""
+    def without_offsets(node):
+        if isinstance(node, dict):
+            return {k: without_offsets(v) for k, v in node.items() if k != "trim_offsets"}
+        return [without_offsets(v) for v in node] if isinstance(node, list) else node
+
+    doc = json.loads(tok.to_str())
+    model = {k: v for k, v in doc["model"].items() if k not in ("vocab", "merges")}
+    if model.get("byte_fallback"):
+        model.pop("unk_token", None)
+    return without_offsets({"normalizer": doc["normalizer"], "pre_tokenizer": doc["pre_tokenizer"], "model": model,
+                            "vocab": doc["model"].get("vocab"), "merges": doc["model"].get("merges")})
+
+
+@pytest.mark.parametrize("entry", FOLDERS)
+def test_folder_pipeline_is_the_one_transformers_5_builds(entry):
+    """transformers 5 rebuilds the pipeline of a folder whose tokenizer_config names a class with its own
+    __init__ (LlamaTokenizer, Qwen2Tokenizer, GemmaTokenizer: tokenization_utils_tokenizers.
+    convert_to_native_format keeps only the file's vocabulary and merges). --init pieces encodes with
+    exactly AutoTokenizer's pipeline for every folder of the corpus, not only on the agreement texts."""
+    from transformers import AutoTokenizer
+
+    from ckptfix.surgery.pieces import load_segmenter
+
+    path = _cached(entry)
+    segmenter = load_segmenter(load_tokenizer(path))
+    assert segmenter is not None and segmenter.backend is not None
+    assert _pipeline(segmenter.backend) == _pipeline(AutoTokenizer.from_pretrained(str(path)).backend_tokenizer)
 
 
 def test_print_the_agreement_table(capsys):

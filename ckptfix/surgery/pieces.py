@@ -10,13 +10,20 @@ re-implementation:
                                BPE; vocab.txt: BERT's WordPiece), with the folder's added tokens;
   sentencepiece .model         `sentencepiece`;
   tiktoken rank files, tekken, `tiktoken` with the pattern the family's library passes (tokenizer_formats.
-  GPT-2 vocab.bpe              TIKTOKEN_PATTERNS; tekken's own "pattern"); without `tiktoken` installed, a
-                               `tokenizers` BPE built from the same ranks and pattern (as transformers'
+  GPT-2 vocab.bpe, GPT-2's     TIKTOKEN_PATTERNS; tekken's own "pattern"); without `tiktoken` installed, a
+  own encoder.json             `tokenizers` BPE built from the same ranks and pattern (as transformers'
                                TikTokenConverter builds one).
+  CLIP's merges (.txt.gz)      open_clip's / OpenAI CLIP's SimpleTokenizer, which imports torch and cannot be
+                               a dependency: its own text cleaning (`ftfy`, html.unescape, whitespace, lower
+                               case) here, then a `tokenizers` BPE with its pattern and "</w>" word ends (as
+                               transformers' CLIPTokenizer builds one); no pieces without `ftfy`.
+  RWKV's world vocab           the `rwkv` package's TRIE_TOKENIZER eval()s the file's lines, so it never sees
+                               the file: its greedy longest match on bytes is `tokenizers`' WordPiece
+                               algorithm, run on the tokens ckptfix read as literals.
 Every library is handed only what ckptfix's own reader has already read and validated (bounded size, ids
 and structure; `load_tokenizer` made the TokenizerInfo from the same file), and only texts of at most
-MAX_TEXT characters. A format with no library here (CLIP's merges, RWKV's vocab, a tiktoken file of no
-known family) has no segmenter: its new rows get the fallback init and the plan says why.
+MAX_TEXT characters. A format with no library here (a vocab.json without merges other than GPT-2's own, a
+tiktoken file of no known family) has no segmenter: its new rows get the fallback init and the plan says why.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ class Segmenter:
     encode: Callable[[str], list[int]]  # ids of a text, no BOS/EOS or other template tokens
     unusable: frozenset[int]  # special, control and unknown ids: never a useful piece
     library: str  # what encodes, for reports and the agreement table
+    backend: Any = None  # the `tokenizers.Tokenizer` that encodes, where one does: the tests compare its pipeline
 
 
 def load_segmenter(info: Any, without: frozenset[str] = frozenset()) -> Segmenter | None:
@@ -59,12 +67,15 @@ def why_no_segmenter(info: Any) -> str | None:
     info = _unwrap(info)
     if _load(info, frozenset()) is not None:
         return None
-    if info.kind in ("clip-bpe", "rwkv"):
-        return f"ckptfix has no segmenter for {info.kind} files (their libraries, open_clip / rwkv, are not dependencies)"
+    if info.kind == "clip-bpe":
+        return "CLIP's tokenizer cleans and splits text with ftfy and regex; install both (pip install ftfy regex)"
+    if info.kind == "rwkv":
+        return "the RWKV vocab lacks some of the 256 single bytes: a greedy byte match cannot spell every text"
     if info.kind == "tiktoken:tiktoken":
         return "a tiktoken file of no known family: its pre-tokenizer pattern is unknown"
     if info.kind == "vocab.json":
-        return "a vocab.json without merges.txt / vocab.bpe beside it cannot be encoded"
+        return ("a vocab.json without merges.txt / vocab.bpe beside it cannot be encoded (no library encodes "
+                "one; GPT-2's own encoder.json is the exception: tiktoken's gpt2 encoding ranks by its ids)")
     return (f"the library built from {info.source} numbers its added tokens otherwise than the files declare, "
             "or a file it needs is malformed")
 
@@ -94,6 +105,10 @@ def _build(info: Any, without: frozenset[str]) -> Segmenter | None:
     kind, source = info.kind, Path(info.source)
     if kind.startswith("tiktoken:") or kind in ("tekken", "gpt2-bpe"):
         return _tiktoken(info)
+    if kind == "clip-bpe":
+        return _clip(info, source)
+    if kind == "rwkv":
+        return _rwkv(info)
     if kind == "sentencepiece" or source.suffix == ".model" or ".model." in source.name:
         return _sentencepiece(info, source)
     if source.name.endswith(".json") and kind in ("tokenizer.json", "hf-folder") and source.name != "vocab.json":
@@ -103,7 +118,7 @@ def _build(info: Any, without: frozenset[str]) -> Segmenter | None:
     if source.name in ("vocab.json", "encoder.json") or kind == "vocab.json":
         merges = next((source.with_name(n) for n in ("merges.txt", "vocab.bpe") if source.with_name(n).is_file()), None)
         if merges is None:
-            return None
+            return _tiktoken(info) if _is_gpt2_encoder_json(source) else None
         return _with_added(_byte_level_bpe(info, source, merges), info, without, "tokenizers (byte-level BPE, as GPT2Tokenizer)")
     return None
 
@@ -234,11 +249,69 @@ def _finish(tok: Any, info: Any, without: frozenset[str], library: str) -> Segme
         return None
     unk = getattr(tok.model, "unk_token", None)
     unusable = _specials(info) | ({tok.token_to_id(unk)} if unk and tok.token_to_id(unk) is not None else set())
-    return Segmenter(lambda text: tok.encode(text, add_special_tokens=False).ids, frozenset(unusable), library)
+    return Segmenter(lambda text: tok.encode(text, add_special_tokens=False).ids, frozenset(unusable), library, tok)
 
 
 def _specials(info: Any) -> frozenset[int]:
     return frozenset(token_id for token_id, _, special in info.added_tokens if special)
+
+
+# open_clip/tokenizer.py SimpleTokenizer.pat (OpenAI CLIP's simple_tokenizer.py has the same), after its special
+# tokens' alternatives.
+CLIP_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+"""
+
+
+def _clip(info: Any, source: Path) -> Segmenter | None:
+    """CLIP's SimpleTokenizer (open_clip's default clean="lower"): ftfy.fix_text, html.unescape twice, runs of
+    whitespace to one space, strip, lower case; then the words its pattern finds with `regex` (a special token
+    only where a match starts: "&<end_of_text>" is punctuation), each a byte-level BPE word whose last symbol
+    carries "</w>". Cleaning and matching are CLIP's own lines with the libraries CLIP calls (ftfy, regex:
+    `tokenizers`' Oniguruma knows fewer Unicode letters); the BPE is `tokenizers`' (transformers'
+    CLIPTokenizer builds that model)."""
+    try:
+        import ftfy
+        import regex
+    except ImportError:
+        return None
+    import html
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from ckptfix.tokenizer_formats import clip_merges
+
+    vocab = {t: i for i, t in enumerate(info.base_tokens) if t is not None}
+    bpe = Tokenizer(models.BPE(vocab, clip_merges(source, _read(source)), continuing_subword_prefix="",
+                               end_of_word_suffix="</w>", fuse_unk=False))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    specials = {content: token_id for token_id, content, _ in info.added_tokens}
+    words = regex.compile("|".join([*(regex.escape(s) for s in specials), CLIP_PATTERN]), regex.IGNORECASE)
+
+    def encode(text: str) -> list[int]:
+        text = " ".join(html.unescape(html.unescape(ftfy.fix_text(text))).split()).lower()
+        ids: list[int] = []
+        for word in words.findall(text):
+            ids += [specials[word]] if word in specials else bpe.encode(word, add_special_tokens=False).ids
+        return ids
+
+    return Segmenter(encode, _specials(info), "CLIP's cleaning and pattern (ftfy, regex) + tokenizers (BPE with </w>)")
+
+
+def _rwkv(info: Any) -> Segmenter | None:
+    """RWKV's TRIE_TOKENIZER (rwkv/rwkv_tokenizer.py): the text's UTF-8 bytes, cut greedily into the longest
+    token starting at each position. That is WordPiece's algorithm with no continuation prefix, here over the
+    bytes spelled in GPT-2's byte alphabet (ckptfix's reader spells RWKV's tokens so). Id 0 (end of text) is not
+    in the file: no text encodes to it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(info.base_tokens) if t is not None}
+    missing = [b for b in range(256) if BYTE_ALPHABET[b] not in vocab]
+    if missing:  # the trie finds no token there (rwkv asserts); WordPiece would make the whole text [UNK]
+        return None
+    tok = Tokenizer(models.WordPiece(vocab, unk_token=BYTE_ALPHABET[0], continuing_subword_prefix="",
+                                     max_input_chars_per_word=8 * MAX_TEXT))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    return Segmenter(lambda text: tok.encode(text, add_special_tokens=False).ids, _specials(info),
+                     "tokenizers (WordPiece's greedy longest match, as RWKV's TRIE_TOKENIZER)")
 
 
 # ------------------------------------------------------------------------------------------ tiktoken ranks
@@ -248,8 +321,9 @@ def _tiktoken(info: Any) -> Segmenter | None:
     pattern, nfc = _rank_pattern(info)
     if pattern is None:
         return None
+    # GPT-2's encoder.json holds <|endoftext|> among its ids; tiktoken's gpt2 encoding drops it from the ranks
     ranks = {bytes(_BYTE_VALUE[c] for c in t): i for i, t in enumerate(info.base_tokens)
-             if t and all(c in _BYTE_VALUE for c in t)}
+             if t and all(c in _BYTE_VALUE for c in t) and t not in ("<|endoftext|>", "<|startoftext|>")}
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:  # tiktoken panics (Rust: "no entry found for key") on a byte with no rank: a fuzz finding
         from ckptfix.errors import TokenizerError
@@ -269,8 +343,20 @@ def _tiktoken(info: Any) -> Segmenter | None:
     return Segmenter(encode, _specials(info), library)
 
 
+# tiktoken_ext/openai_public.py gpt2(): the sha256 tiktoken pins for GPT-2's encoder.json. tiktoken builds the
+# gpt2 ranks from vocab.bpe and asserts they equal this file's ids ("tiktoken assumes that ranks are ordered the
+# same as merge priority"), so this file alone is tiktoken's gpt2 encoding; another vocab.json's ids need not be.
+GPT2_ENCODER_JSON_SHA256 = "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"
+
+
+def _is_gpt2_encoder_json(source: Path) -> bool:
+    import hashlib
+
+    return hashlib.sha256(_read(source)).hexdigest() == GPT2_ENCODER_JSON_SHA256
+
+
 def _rank_pattern(info: Any) -> tuple[str | None, bool]:
-    if info.kind == "gpt2-bpe":  # tiktoken's gpt2 encoding reads vocab.bpe with r50k's pattern
+    if info.kind in ("gpt2-bpe", "vocab.json"):  # tiktoken's gpt2 encoding: vocab.bpe's ranks, r50k's pattern
         return TIKTOKEN_PATTERNS["r50k_base"]
     if info.kind == "tekken":  # mistral_common's Tekkenizer passes the file's own config.pattern to tiktoken
         from ckptfix.untrusted import parse_json
@@ -309,6 +395,9 @@ def token_text(info: Any, token: str) -> str | None:
     GPT-2's byte alphabet ("Ġreturn": " return"), sentencepiece's ▁ and <0xNN> pieces, WordPiece's ##."""
     spelling = _spelling(info)
     if spelling == "byte":
+        suffix = _word_end(info)
+        if suffix and token.endswith(suffix) and token != suffix:  # CLIP's word end: "return</w>" is "return"
+            token = token[:-len(suffix)]
         if all(c in _BYTE_VALUE for c in token):
             return bytes(_BYTE_VALUE[c] for c in token).decode("utf-8", errors="replace")
         return token
@@ -342,6 +431,26 @@ def _spelling(info: Any) -> str:
     if "'WordPiece'" in parts:
         return "wordpiece"
     return "meta" if "'Metaspace'" in parts or META in parts else "plain"
+
+
+@lru_cache(maxsize=4)
+def _word_end(info: Any) -> str:
+    """The suffix a BPE puts on a word's last piece ("</w>": CLIP's merges file, a CLIPTokenizer's tokenizer.json);
+    "" where none."""
+    if info.kind == "clip-bpe":
+        return "</w>"
+    if not Path(info.source).name.endswith(".json") or info.kind not in ("tokenizer.json", "hf-folder"):
+        return ""
+    from ckptfix.errors import CkptfixError
+    from ckptfix.untrusted import parse_json
+
+    try:
+        doc = parse_json(_read(Path(info.source)), info.source)
+    except CkptfixError:
+        return ""
+    model = doc.get("model") if isinstance(doc, dict) else None
+    suffix = model.get("end_of_word_suffix") if isinstance(model, dict) else None
+    return suffix if isinstance(suffix, str) else ""
 
 
 def spell(segmenter: Segmenter, text: str) -> list[int]:
