@@ -306,11 +306,17 @@ class _Context:
                      "would stay at the old size", code,
                      "--keep PATH if it is not indexed by token ids (it then stays as it is)")
 
+    def _token_lookup(self, name: str, shape: tuple, hit: int) -> bool:
+        """An integer table with the vocab's rows first: a lookup by token id, per layer or not (DeepSeek-V4's
+        hash-routing `tid2eid`, token -> expert ids, in every hash-MoE layer). Never an accidental size."""
+        t = self.ckpt.model.get(name)
+        return t is not None and not t.is_float and bool(shape) and shape[0] == hit
+
     def _incidental(self, name: str, shape: tuple, hit: int | None) -> str:
         """Why a tensor's dimension equals the vocab size without being indexed by token ids, or ''."""
         if NOT_VOCAB_NAMES.search(name):
             return "indexed by position or segment, not by token id (its name says so)"
-        if hit is not None and PER_LAYER.search(name):
+        if hit is not None and PER_LAYER.search(name) and not self._token_lookup(name, shape, hit):
             return "a per-layer tensor (vocab tables are never per layer): its size only happens to be equal"
         if hit is not None and hit in self.widths and shape.count(hit) == len(shape):
             return f"a square matrix of the model width {hit}, which only happens to equal the vocab's rows"
@@ -423,7 +429,7 @@ class _Context:
         from the LM's rows (a second vocabulary with its own tokenizer: a Q-Former's BERT table), or an
         embedding with rows beyond the vocab the config records (Mllama's image tokens)."""
         from ckptfix.recorded import recorded_rows
-        from ckptfix.vocab import _near
+        from ckptfix.vocab import near
 
         plan = self.plan
         heads = [e for e in plan.weights.values() if e.role == "head"]
@@ -440,7 +446,7 @@ class _Context:
             if rows == main or (main_new is not None and e.plan.new_rows - main_new == rows - main):
                 continue  # the LM's rows, or rows past them that the plan keeps past them (an offset)
             what = f"{list(e.source.shape)} {e.source.dtype}"
-            if not _near(rows, {main}):
+            if not near(rows, {main}):
                 out.append(Value(name, what, UNRESOLVED, f"{rows} rows, far from the {main} rows of the LM's vocab: "
                                  "a second vocabulary with its own tokenizer would be resized as if it were this one",
                                  "CKF133", "--keep PATH (a separate vocabulary stays as it is)"))

@@ -8,7 +8,9 @@ inspect checks them (CKF115) and repair updates them with the rows.
 
 A composite HF config (a vision-language or audio model) builds its text model from one sub-config, the one
 transformers' `PreTrainedConfig.get_text_config(decoder=True)` returns: `decoder`, `generator` or
-`text_config`, else the config itself. That `vocab_size` is the LM's; a composite's own top-level `vocab_size`
+`text_config`, else the one sub-config that itself holds one (a wrapper: ColPali's `vlm_config`), else the
+config itself (a flat encoder-decoder's decoder size under `decoder_vocab_size`/`tgt_vocab_size`, the encoder's
+`vocab_size`/`src_vocab_size` then separate). That `vocab_size` is the LM's; a composite's own top-level `vocab_size`
 beside a text sub-config (PaliGemma's default 257152) is unused by the model, and the other sub-configs' sizes
 (a Q-Former's, a protein or speech encoder's) are separate vocabularies with their own tokenizers: listed,
 never checked or resized against the LM tokenizer.
@@ -21,7 +23,13 @@ from typing import Any, Iterator
 
 # Keys that record the number of vocab rows (litgpt's `vocab_size` is the tokenizer's, next to
 # `padded_vocab_size`, the rows: see `_row_keys`).
-VOCAB_KEYS = ("vocab_size", "padded_vocab_size", "n_vocab", "ntoken", "ntokens", "num_tokens")
+VOCAB_KEYS = ("vocab_size", "padded_vocab_size", "n_vocab", "ntoken", "ntokens", "num_tokens", "decoder_vocab_size",
+              "tgt_vocab_size", "src_vocab_size")
+# A flat encoder-decoder config that names its decoder's (target's) vocabulary apart: transformers'
+# `get_text_config(decoder=True)` reads `decoder_<key>` as the decoder's `<key>` (Marian's `decoder_vocab_size`),
+# FSMT maps `vocab_size` to `tgt_vocab_size`. That one is the LM's rows; the encoder's (source's) is separate.
+DECODER_VOCAB_KEYS = ("decoder_vocab_size", "tgt_vocab_size")
+ENCODER_VOCAB_KEYS = ("src_vocab_size", "vocab_size")
 # A bare `vocab` (a LightningModule's `__init__(vocab)` saved by `save_hyperparameters`): role "follow", updated
 # with the rows when it equals them, but too generic a name to be the fit rule's evidence or CKF115's subject.
 FOLLOW_KEYS = ("vocab",)
@@ -66,12 +74,15 @@ def _walk(node: Any, path: tuple[Any, ...], seen: set[int], role: str | None) ->
         return
     seen.add(id(node))
     rows_keys = _row_keys(node)
-    text = text_config_key(node) if role is None else None
+    text = (text_config_key(node) or wrapped_text_key(node)) if role is None else None
     composite = role is None and (text is not None or "model_type" in node)
+    encoder_side = ENCODER_VOCAB_KEYS if any(k in node for k in DECODER_VOCAB_KEYS) else ("src_vocab_size",)
     for key, value in node.items():
         if key in VOCAB_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            own = "rows" if key in rows_keys else "tokens"
+            own = "separate" if key in encoder_side else "rows" if key in rows_keys else "tokens"
             yield Recorded(path + (key,), value, role or ("unused" if text is not None else own))
+        elif _other_vocabulary(key) and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            yield Recorded(path + (key,), value, role or "separate")
         elif key in FOLLOW_KEYS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
             yield Recorded(path + (key,), value, role or "follow")
         elif isinstance(value, dict):
@@ -92,6 +103,29 @@ def text_config_key(node: dict) -> str | None:
     keys = [k for k in TEXT_CONFIG_KEYS if isinstance(node.get(k), dict)
             and any(v in node[k] for v in VOCAB_KEYS)]
     return keys[0] if len(keys) == 1 else None
+
+
+def _other_vocabulary(key: Any) -> bool:
+    """A size the config itself names as another vocabulary's (`<name>_vocab_size`: Pop2Piano's
+    `composer_vocab_size`, its composer embedding): separate. Token-type, segment and position tables are not
+    vocabularies (BERT's `type_vocab_size`)."""
+    return isinstance(key, str) and key.endswith("_vocab_size") and key not in VOCAB_KEYS \
+        and not any(word in key for word in ("type", "segment", "position"))
+
+
+def wrapped_text_key(node: dict, memo: dict[int, str | None] | None = None) -> str | None:
+    """The one sub-config that is itself a composite with a text config, when a config wraps a whole model's
+    (ColPali's `vlm_config`: its `get_text_config` is `vlm_config.get_text_config()`; PI0's `vlm_config` beside
+    its action expert's flat `dit_config`): the LM lives in it. None when no sub-config, or several, hold one.
+    Each dict is looked at once (`memo`): a pickled dict may contain itself, or one dict many times."""
+    memo = {} if memo is None else memo
+    if id(node) in memo:
+        return memo[id(node)]
+    memo[id(node)] = None
+    keys = [k for k, v in node.items() if isinstance(v, dict) and _is_sub_config(k, v)
+            and (text_config_key(v) or wrapped_text_key(v, memo))]
+    memo[id(node)] = keys[0] if len(keys) == 1 else None
+    return memo[id(node)]
 
 
 def _row_keys(node: dict) -> set[str]:

@@ -167,7 +167,8 @@ def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None, separate: set[int]
     return rows, widths
 
 
-def _near(n: int, rows: set[int]) -> bool:
+def near(n: int, rows: set[int]) -> bool:
+    """`n` within the rows a resize plausibly adds or removes (a head resized apart from its embedding)."""
     return any(abs(n - r) <= max(16, r // 8) for r in rows)
 
 
@@ -190,7 +191,7 @@ def _role(name: str, t: TensorInfo, rows: set[int], widths: set[int], other_dims
         return "embedding" if EMBEDDING_NAMES.search(name) or not HEAD_NAMES.search(name) else "head"
     if len(shape) == 2 and EMBEDDING_NAMES.search(name) and shape[1] in widths:
         return "embedding"  # another embedding with its own vocab (FSMT's source and target tables)
-    if HEAD_NAMES.search(name) and not PER_LAYER.search(name) and len(shape) in (1, 2) and _near(shape[0], rows) \
+    if HEAD_NAMES.search(name) and not PER_LAYER.search(name) and len(shape) in (1, 2) and near(shape[0], rows) \
             and (len(shape) == 1 or shape[1] in widths):  # a head resized apart from its embedding (CKF104)
         return "head" if len(shape) == 2 else "head-bias"
     bias_like = name.endswith("bias") or "logit" in name
@@ -229,7 +230,8 @@ def _attach_by_shape(ckpt: Checkpoint, mapping: ParamMapping, unmatched: list[Vo
     """An untied embedding and head share their shape, so names cannot be recovered by shape when the
     parameter order is lost (safetensors stores tensors by name). They do share a row plan, so pairing
     k same-shape vocab tensors with the k unmapped same-shape state entries is enough for the surgery:
-    every one of those moments follows the same row moves whichever tensor it belongs to."""
+    every one of those moments follows the same row moves whichever tensor it belongs to. Fewer entries than
+    tensors: the entries are paired with the first ones, the others have none (`surgery.plan` says so)."""
     from ckptfix.mapping import moment_shape
 
     assert ckpt.optimizer is not None
@@ -239,7 +241,9 @@ def _attach_by_shape(ckpt: Checkpoint, mapping: ParamMapping, unmatched: list[Vo
         groups.setdefault(vt.shape, []).append(vt)
     for shape, tensors in groups.items():
         candidates = [i for i in free if moment_shape(ckpt.optimizer.state.get(i)) == shape]
-        if len(candidates) == len(tensors):
+        # fewer entries than tensors: the rest are buffers or frozen (IBert's `weight_integer` beside its
+        # embedding); which tensor holds which entry does not matter either: the rows move the same way
+        if 0 < len(candidates) <= len(tensors):
             for vt, index in zip(tensors, candidates):
                 _attach(ckpt, vt, index)
                 vt.index_known = len(tensors) == 1

@@ -211,11 +211,21 @@ REGISTRIES = {
     "text-to-spectrogram": "MODEL_FOR_TEXT_TO_SPECTROGRAM_MAPPING_NAMES",
     "text-to-waveform": "MODEL_FOR_TEXT_TO_WAVEFORM_MAPPING_NAMES",
     "pretraining": "MODEL_FOR_PRETRAINING_MAPPING_NAMES",
+    # heads with no output embedding: the input embedding (and anything tied to it) is the vocab tensor
+    "sequence-classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "question-answering": "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES",
+    "token-classification": "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES",
+    "base": "MODEL_MAPPING_NAMES",  # base models: no head at all
 }
 # the CI slice: the composite configs issue 30 found wrong, and a plain causal LM beside them
 REGISTRY_FAST = [("image-text-to-text", "llava"), ("image-text-to-text", "qwen2_vl"),
                  ("image-text-to-text", "mllama"), ("image-text-to-text", "instructblip"),
-                 ("image-text-to-text", "paligemma"), ("image-text-to-text", "blip-2"), ("causal-lm", "llama")]
+                 ("image-text-to-text", "paligemma"), ("image-text-to-text", "blip-2"), ("causal-lm", "llama"),
+                 # the previous round's wrong ones, one per cause: a buffer beside encoder/decoder weights of one
+                 # shape (BART), a same-shape buffer beside the embedding (IBert), a converted key layout (GTE),
+                 # a target vocabulary named apart (FSMT), a wrapped VLM config (ColPali), a base model (no head)
+                 ("seq2seq", "bart"), ("masked-lm", "ibert"), ("masked-lm", "gte"), ("seq2seq", "fsmt"),
+                 ("pretraining", "colpali"), ("base", "llava")]
 ADDED = ["<video>", "<box>", "<ref>"]
 MAX_PARAMS = 30_000_000
 CLASS_SECONDS = 240  # a class slower than this on a shared CPU is reported skipped, not waited for  # "tiny": what a 2-core CI runner trains two steps of in seconds
@@ -255,13 +265,41 @@ def tiny_config(model_type: str, vocab: int) -> Any:
 
     config_cls = transformers.CONFIG_MAPPING[model_type]
     base = config_cls()
-    text = base.get_text_config(decoder=True)
-    text_key = next((k for k in ("decoder", "generator", "text_config") if getattr(base, k, None) is text), None)
     d = _shrink(base.to_dict())
-    target = d[text_key] if text_key else d
+    target = d
+    for key in _text_path(base):
+        target = target[key]
     target["vocab_size"] = vocab
+    if "decoder_vocab_size" in target:  # a flat encoder-decoder's decoder size (get_text_config's decoder_ prefix)
+        target["decoder_vocab_size"] = vocab
     _ids_below(d, vocab)
     return config_cls.from_dict(d)
+
+
+def _text_path(config: Any) -> list[str]:
+    """The keys from `config` to the sub-config its LM is built from: `get_text_config(decoder=True)`'s, or
+    where that is the config itself, the one sub-config holding a text config of its own (PI0's `vlm_config`
+    beside its action expert's `dit_config`: `get_input_embeddings` is the VLM's)."""
+    path = _path_to(config, config.get_text_config(decoder=True))
+    if path:
+        return path
+    wrapped = [k for k, v in vars(config).items() if hasattr(v, "get_text_config") and v is not config
+               and v.get_text_config(decoder=True) is not v]
+    return [wrapped[0], *_text_path(getattr(config, wrapped[0]))] if len(wrapped) == 1 else []
+
+
+def _path_to(config: Any, text: Any, depth: int = 0) -> list[str]:
+    """The attribute path from `config` to the sub-config object `text` (ColPali's vlm_config.text_config)."""
+    if text is config or depth > 3:
+        return []
+    for key, value in vars(config).items():
+        if value is text:
+            return [key]
+        if hasattr(value, "get_text_config") and value is not config:
+            below = _path_to(value, text, depth + 1)
+            if below:
+                return [key, *below]
+    return []
 
 
 def _shrink(d: dict) -> dict:
@@ -274,6 +312,10 @@ def _shrink(d: dict) -> dict:
             out[k] = v
         elif isinstance(v, list) and isinstance(layers, int) and len(v) == layers and layers > _LAYERS:
             continue  # per-layer lists (layer_types...): derived again from the new layer count
+        elif isinstance(v, list) and v and all(isinstance(i, int) and not isinstance(i, bool) for i in v) \
+                and k in _WIDTH_KEYS | _HEAD_KEYS | _LAYER_KEYS | {"depths"}:
+            # per-stage sizes of a hierarchical vision tower (Florence-2's DaViT: embed_dim [128, 256, 512, 1024])
+            out[k] = [_WIDTH if k in _WIDTH_KEYS else _HEADS if k in _HEAD_KEYS else min(i, _LAYERS) for i in v]
         elif isinstance(v, list):
             out[k] = v
         elif k in _WIDTH_KEYS:
@@ -498,7 +540,7 @@ def _check_folder(model: torch.nn.Module, src: Path, folder: Path) -> str:
     info = _loading_info(type(model), fixed)
     if info:
         return f"from_pretrained of the repaired folder: {info}"
-    problems = _compare(src, fixed, saved, load_file)
+    problems = _compare(src, fixed, saved, load_file, _lm_vocab_path(model.config))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         resumed = type(model).from_pretrained(fixed)
@@ -526,7 +568,17 @@ def _safetensors(folder: Path, load_file: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def _compare(src: Path, fixed: Path, saved: dict, load_file: Any) -> list[str]:
+def _lm_vocab_path(config: Any) -> str:
+    """Where config.json records the LM's vocab size: the `get_text_config(decoder=True)` sub-config's
+    `vocab_size`, spelled as the class stores it (FSMT's attribute_map: `tgt_vocab_size`)."""
+    path = _text_path(config)
+    text = config
+    for key in path:
+        text = getattr(text, key)
+    return ".".join([*path, getattr(text, "attribute_map", {}).get("vocab_size", "vocab_size")])
+
+
+def _compare(src: Path, fixed: Path, saved: dict, load_file: Any, want: str) -> list[str]:
     """Old rows and moments bit-identical, every other tensor and file untouched, the config changed only in
     the LM vocab size, the processor's files carried, the new tokenizer where the processor reads it."""
     import json
@@ -542,8 +594,6 @@ def _compare(src: Path, fixed: Path, saved: dict, load_file: Any) -> list[str]:
         problems += [f"moment {i}.{k} changed" for k, t in entry.items() if not _rows_kept(t, new_opt["state"][i].get(k))]
     old_cfg, new_cfg = (json.loads((f / "config.json").read_text()) for f in (src, fixed))
     changed = sorted(_diff_paths(old_cfg, new_cfg))
-    text = next((k for k in ("decoder", "generator", "text_config") if isinstance(old_cfg.get(k), dict)), None)
-    want = f"{text}.vocab_size" if text else "vocab_size"
     # the text config's size, and any other one recording the same vocabulary (Moshi's depth decoder's)
     if want not in changed or any(_get(old_cfg, p) != VOCAB for p in changed):
         problems.append(f"config.json changed at {changed}, not {want}")
@@ -568,7 +618,9 @@ def _diff_paths(a: Any, b: Any, prefix: str = "") -> list[str]:
 
 
 def _rows_kept(old: torch.Tensor, new: torch.Tensor | None) -> bool:
-    """Bit-identical, but for rows past the old ones along the first (or a bias's last) axis."""
+    """Bit-identical, but for rows past the old ones along the first (or a bias's last) axis; or, for a tensor
+    with rows of the model's own past the LM vocabulary (Mllama's image rows), the new rows between the LM's
+    old ones and those."""
     if new is None or new.dtype != old.dtype or new.dim() != old.dim():
         return False
     if old.shape == new.shape:
@@ -576,4 +628,9 @@ def _rows_kept(old: torch.Tensor, new: torch.Tensor | None) -> bool:
     differ = [i for i, (a, b) in enumerate(zip(old.shape, new.shape)) if a != b]
     if len(differ) != 1 or new.shape[differ[0]] < old.shape[differ[0]]:
         return False
-    return torch.equal(old, new.narrow(differ[0], 0, old.shape[differ[0]]))
+    axis, added = differ[0], new.shape[differ[0]] - old.shape[differ[0]]
+    if torch.equal(old, new.narrow(axis, 0, old.shape[axis])):
+        return True
+    own = old.shape[axis] - VOCAB
+    return 0 < own <= 256 and torch.equal(old.narrow(axis, 0, VOCAB), new.narrow(axis, 0, VOCAB)) \
+        and torch.equal(old.narrow(axis, VOCAB, own), new.narrow(axis, VOCAB + added, own))

@@ -72,8 +72,10 @@ def test_a_square_projection_the_size_of_the_vocab_is_not_resized(tmp_path):
     assert {"rwkv.embeddings.weight", "head.weight"} <= {v.name for v in report.vocab}
 
 
-def test_unmatched_moments_stop_repair_and_name_the_policy(tmp_path):
-    """Moments that cannot be told apart are never dropped or guessed: exit 2 naming --policy fresh."""
+def _custom_with_lost_order(tmp_path, stale_rows: int | None = None):
+    """`_Custom` after one AdamW step, its state under indices no parameter order explains and proj_out.weight's
+    entry deleted: one (1000, 16) entry for two (1000, 16) vocab tensors; `stale_rows`: that entry's moments left
+    at another row count (as after a resize that forgot the optimizer)."""
     model = _Custom(1000)
     opt = torch.optim.AdamW(model.parameters())
     model.proj_out(model.mix(model.tbl(torch.tensor([1, 2])))).sum().backward()
@@ -82,8 +84,44 @@ def test_unmatched_moments_stop_repair_and_name_the_policy(tmp_path):
     sd["state"] = {k + 10: v for k, v in sd["state"].items()}  # indices no parameter order explains
     sd["param_groups"][0]["params"] = [i + 10 for i in sd["param_groups"][0]["params"]]
     del sd["state"][13]  # proj_out.weight's: one (1000, 16) entry left for two (1000, 16) tensors
+    if stale_rows is not None:
+        sd["state"][10] = {k: v[:stale_rows] if v.dim() else v for k, v in sd["state"][10].items()}
     src = tmp_path / "ckpt.pt"
     torch.save({"model": {k: v for k, v in reversed(model.state_dict().items())}, "optimizer": sd}, src)
+    return src, sd
+
+
+def test_one_entry_for_two_same_shape_vocab_tensors_moves_the_same_rows_either_way(tmp_path):
+    """Which of two (1000, 16) vocab tensors holds the one (1000, 16) entry is not recorded, but both get the same
+    row plan: the entry is resized by it (whoever's it is) and the note says which is not known; nothing dropped."""
+    src, sd = _custom_with_lost_order(tmp_path)
+    tok = word_level_tokenizer(tmp_path / "tok.json", 1010)
+    result = ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed.pt"))
+    out = torch.load(tmp_path / "fixed.pt", weights_only=True)["optimizer"]["state"]
+    assert out.keys() == sd["state"].keys()
+    assert out[10]["exp_avg"].shape == (1010, 16) and torch.equal(out[10]["exp_avg"][:1000], sd["state"][10]["exp_avg"])
+    assert any("which of them is not recorded" in n for n in result.to_json()["notes"])
+
+
+def test_unmatched_moments_stop_repair_and_name_the_policy(tmp_path):
+    """Moments that cannot be told apart are never dropped or guessed: a (995, 16) entry may be either vocab
+    tensor's moments left at the rows before a resize: exit 2 naming --policy fresh."""
+    src, _ = _custom_with_lost_order(tmp_path, stale_rows=995)
     tok = word_level_tokenizer(tmp_path / "tok.json", 1010)
     with pytest.raises(CkptfixError, match="--policy fresh"):
+        ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed.pt"))
+
+
+def test_a_per_layer_token_lookup_table_is_named_and_repair_refuses(tmp_path):
+    """DeepSeek-V4's hash routing keeps `tid2eid` (token id -> expert ids, int64 (vocab, top_k)) in every
+    hash-MoE layer: not an accidental size (integer, the vocab's rows first), so inspect names it (CKF130) and
+    repair stops naming it (exit 2) instead of writing a folder whose tables no longer fit the vocab."""
+    state = _Custom(1000).state_dict()
+    state["layers.0.gate.tid2eid"] = torch.zeros(1000, 2, dtype=torch.long)
+    src = tmp_path / "ckpt.pt"
+    torch.save({"model": state}, src)
+    tok = word_level_tokenizer(tmp_path / "tok.json", 1010)
+    report = ckptfix.inspect(str(src), tokenizer=str(tok))
+    assert any(f.code == "CKF130" and "tid2eid" in f.message for f in report.findings)
+    with pytest.raises(CkptfixError, match="tid2eid"):
         ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed.pt"))

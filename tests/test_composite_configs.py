@@ -56,3 +56,45 @@ def test_a_flat_config_with_a_sub_model_keeps_its_own_size_as_the_lms():
     extras = {"config": {"model_type": "evolla", "vocab_size": 293,
                          "protein_encoder_config": {"vocab_size": 446}, "rope_scaling": {"factor": 2}}}
     assert roles(extras) == {"config.vocab_size": "rows", "config.protein_encoder_config.vocab_size": "separate"}
+
+
+def test_a_wrapped_composite_config_holds_the_lm():
+    """ColPali / PI0: the model wraps a whole VLM's config (`vlm_config`, its `get_text_config` the VLM's): the LM
+    is the wrapped text_config; the wrapper's and the VLM's own top-level sizes are unused, a flat sibling
+    sub-config (PI0's action expert `dit_config`) a separate vocabulary."""
+    extras = {"config": {"model_type": "pi0", "vocab_size": 293, "dit_config": {"model_type": "gemma", "vocab_size": 500},
+                         "vlm_config": {"model_type": "paligemma", "vocab_size": 257152,
+                                        "text_config": {"model_type": "gemma", "vocab_size": 293},
+                                        "vision_config": {"model_type": "siglip", "vocab_size": 257152}}}}
+    assert roles(extras) == {"config.vocab_size": "unused", "config.dit_config.vocab_size": "separate",
+                             "config.vlm_config.vocab_size": "unused", "config.vlm_config.text_config.vocab_size": "rows",
+                             "config.vlm_config.vision_config.vocab_size": "separate"}
+    assert updates(find_recorded(extras), {293}, 296, 296) == {("config", "vlm_config", "text_config", "vocab_size"): 296}
+
+
+def test_a_config_that_contains_itself_is_walked_once():
+    """A pickled config dict under many keys of itself: bounded work, no recursion error."""
+    node: dict = {"model_type": "x", "vocab_size": 293}
+    for i in range(60):
+        node[f"c{i}_config"] = node
+    assert roles({"config": node}) == {"config.vocab_size": "rows"}
+
+
+def test_a_flat_encoder_decoder_names_its_decoders_vocab():
+    """Marian's `decoder_vocab_size` (transformers' decoder_ prefix rule) and FSMT's `tgt_vocab_size` are the LM's;
+    the encoder's (source's) `vocab_size` / `src_vocab_size` a separate vocabulary, resized with the LM only when
+    it is the same size (one shared tokenizer)."""
+    fsmt = {"config": {"model_type": "fsmt", "src_vocab_size": 500, "tgt_vocab_size": 293}}
+    assert roles(fsmt) == {"config.src_vocab_size": "separate", "config.tgt_vocab_size": "rows"}
+    assert updates(find_recorded(fsmt), {293}, 296, 296) == {("config", "tgt_vocab_size"): 296}
+    marian = {"config": {"model_type": "marian", "vocab_size": 293, "decoder_vocab_size": 293}}
+    assert roles(marian) == {"config.vocab_size": "separate", "config.decoder_vocab_size": "rows"}
+    assert set(updates(find_recorded(marian), {293}, 296, 296)) == {("config", "vocab_size"),
+                                                                     ("config", "decoder_vocab_size")}
+
+
+def test_a_vocabulary_the_config_names_is_separate():
+    """Pop2Piano's `composer_vocab_size` (its composer embedding's rows) is another vocabulary; BERT's
+    `type_vocab_size` (token types) is no vocabulary at all."""
+    extras = {"config": {"model_type": "pop2piano", "vocab_size": 293, "composer_vocab_size": 21, "type_vocab_size": 2}}
+    assert roles(extras) == {"config.vocab_size": "rows", "config.composer_vocab_size": "separate"}

@@ -48,6 +48,8 @@ def param_count_mismatch(ctx: Context) -> Iterator[Finding]:
     params = ctx.ckpt.parameters()
     grouped = set(indices)
     orphans = [i for i in opt.state if i not in grouped]
+    if len(indices) > len(params) and _converted_layout(ctx, indices, params):
+        return  # CKF205 says it
     if len(indices) > len(params):
         yield finding(
             "CKF202", f"the optimizer's param groups hold {len(indices)} parameters but the model has "
@@ -60,6 +62,48 @@ def param_count_mismatch(ctx: Context) -> Iterator[Finding]:
         yield finding(
             "CKF202", f"{len(orphans)} optimizer state entries belong to no param group (e.g. index {orphans[0]})",
             pytorch="Optimizer.load_state_dict drops them silently.", fix=ctx.repair_command("--policy fresh"))
+
+
+@check("CKF205", "warning", "optimizer holds the model class's parameters, the weights file another layout",
+       "An HF folder whose optimizer has more entries than the weights file has tensors, with no more elements: "
+       "transformers 5 saves some models in their checkpoint layout (q/k/v or gate/up fused, renamed), while the "
+       "optimizer was built from the loaded model's own parameters.")
+def converted_layout(ctx: Context) -> Iterator[Finding]:
+    opt = ctx.ckpt.optimizer
+    if opt is None or not ctx.ckpt.model or ctx.mapping.method in ("torch", "fqn", "recorded"):
+        return
+    indices, params = opt.indices(), ctx.ckpt.parameters()
+    if len(indices) > len(params) and _converted_layout(ctx, indices, params):
+        yield finding(
+            "CKF205", f"the optimizer holds {len(indices)} parameters, the weights file {len(params)} tensors with "
+            "as many elements or more: the file is in a converted layout (transformers' save_pretrained fuses "
+            "or splits some models' tensors), so only the entries of a unique shape are named (the vocab "
+            "tensors among them); the rest are checked by element count only",
+            pytorch="Trainer.train(resume_from_checkpoint=...) loads the weights through the same conversion and "
+            "the optimizer by position into the class's own parameters: right while the model code is unchanged.")
+
+
+def _converted_layout(ctx: Context, indices: list, params: list[str]) -> bool:
+    """More optimizer entries than file tensors is certain to be wrong, except in a `save_pretrained` folder
+    (its config.json beside the weights), whose file may hold the class's parameters fused or renamed: there
+    the entries' elements (their moments') must still fit in the file's tensors' elements."""
+    from ckptfix.mapping import moment_shape
+
+    if not ctx.ckpt.format.startswith("hf-") or not isinstance(ctx.ckpt.extras.get("config"), dict):
+        return False
+    assert ctx.ckpt.optimizer is not None
+    held = 0
+    for i in indices:
+        shape = moment_shape(ctx.ckpt.optimizer.state.get(i))
+        held += _elements(shape) if shape is not None else 0
+    return held <= sum(ctx.ckpt.model[n].numel for n in params)
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
 
 
 @check("CKF203", "warning", "per-parameter step counts disagree",

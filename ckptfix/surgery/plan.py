@@ -37,7 +37,7 @@ from ckptfix.surgery.rows import (
     plan_by_id,
     plan_by_token,
 )
-from ckptfix.vocab import separate_tensors, vocab_rows
+from ckptfix.vocab import near, separate_tensors, vocab_rows
 
 POLICIES = REPAIR_POLICIES
 INITS = ("pieces", "mean", "zeros", "normal")
@@ -366,18 +366,21 @@ def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
 
 
 def _offset_plan(plan: RepairPlan, v: Any, lm_plan: RowPlan) -> RowPlan:
-    """The rows of a tensor with `v.offset` rows past the LM vocabulary (Mllama's image-token rows): rows =
-    tokens + offset. Every old row stays at its id (the model addresses its own rows by fixed ids) and the
-    LM's new rows are appended; trailing rows dropped when the LM shrinks are counted like the LM's."""
-    if lm_plan.prefix_rows() is None:
-        raise RepairError(f"{plan.ckpt.path}: {v.name} has {v.offset} rows past the LM vocabulary (the model's own, "
-                          f"rows {v.token_rows}..{v.rows - 1}) and the rows move by token: ckptfix keeps such rows "
-                          "at their ids only when token rows are kept by id; pass --keep-ids if the ids are unchanged")
-    rows_plan = plan_by_id(v.rows, lm_plan.new_rows + v.offset)
+    """The rows of a tensor with `v.offset` rows past the LM vocabulary (Mllama's embedding: vocab_size + 8
+    image-token rows): rows = tokens + offset, the model's own rows after the token rows, where the class puts
+    them (`nn.Embedding(vocab_size + 8)`: ids past vocab_size reach them). So the token rows follow the LM's row
+    plan and the offset rows follow them: a new token id lands on a new row, never on an image row, and the image
+    rows stay the last `offset` rows; a shrink drops token rows, never the model's own."""
+    source = np.concatenate([lm_plan.source, np.arange(v.token_rows, v.rows, dtype=np.int64)])
+    kept = int((source == np.arange(len(source))).sum())
+    rows_plan = RowPlan(source, v.rows, kept=kept, moved=int((source >= 0).sum()) - kept, new=lm_plan.new,
+                        dropped=lm_plan.dropped, dropped_ids=list(lm_plan.dropped_ids), pieces=dict(lm_plan.pieces))
     if not rows_plan.is_identity():
         plan.notes.append(f"{v.name}: {v.rows} rows = {v.token_rows} token rows + {v.offset} rows of the model's own "
-                          f"past the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (old rows "
-                          f"at their ids, {rows_plan.new} new appended, {rows_plan.dropped} trained row(s) dropped)")
+                          f"past the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (token "
+                          f"rows as the LM's: {rows_plan.new} new, {rows_plan.dropped} trained row(s) dropped; the "
+                          f"{v.offset} rows of the model's own moved after them, rows {lm_plan.new_rows}.."
+                          f"{rows_plan.new_rows - 1})")
     return rows_plan
 
 
@@ -471,13 +474,31 @@ def _no_state_for(plan: RepairPlan, report: Any, v: Any) -> None:
     assert opt is not None
     owned = set(report.mapping.names) | {x.optimizer_index for x in report.vocab if x.optimizer_index is not None}
     unmatched = [i for i in opt.indices() if i not in owned and opt.state.get(i) is not None
-                 and any(len(t.shape) == len(v.shape) for t in opt.state[i].tensors.values())]
+                 and any(could_hold_state_of(t.shape, v) for t in opt.state[i].tensors.values())]
     if not unmatched:
-        plan.notes.append(f"{v.name} has no optimizer state (a buffer or a frozen parameter)")
+        shared = [x.name for x in report.vocab if not x.index_known and x.shape == v.shape]
+        plan.notes.append(f"{v.name} has no optimizer state (a buffer or a frozen parameter)" if not shared else
+                          f"{v.name} has no optimizer state of its own: {', '.join(shared)} of its shape hold "
+                          f"{len(shared)} entries, which of them is not recorded (the moments' rows move the same "
+                          "way whichever it is)")
         return
     raise RepairError(f"{plan.ckpt.path}: cannot tell which of {len(unmatched)} unmatched optimizer state "
                       f"entries holds the moments of {v.name} (parameters matched by {report.mapping.method}); "
                       "--policy fresh (drop optimizer state, keep the schedule) or --policy reset repairs it")
+
+
+def could_hold_state_of(shape: tuple[int, ...], v: Any) -> bool:
+    """Whether a state tensor of `shape` can be one of vocab tensor `v`'s: a moment has its parameter's shape
+    on every axis but the vocab one, and there a length near the vocab's (a moment left at the rows before a
+    resize: the window `vocab.near` allows a head resized apart from its embedding); a factored second moment
+    (Adafactor's) has a row factor as long as the vocab axis. A state that fits neither cannot be v's, whatever
+    entry holds it (BART's encoder and decoder (32, 32) weights are never `final_logits_bias`'s)."""
+    axis = len(v.shape) - 1 if v.role == "head-bias" and len(v.shape) == 2 else 0
+    if len(shape) == 1 and len(v.shape) > 1:
+        return shape[0] == v.shape[axis]
+    if len(shape) != len(v.shape) or not near(shape[axis], {v.shape[axis]}):
+        return False
+    return all(a == b for k, (a, b) in enumerate(zip(shape, v.shape)) if k != axis)
 
 
 def _note_pieces(plan: RepairPlan) -> None:
