@@ -75,8 +75,12 @@ def build_dcp(folder: str, gb: float) -> None:
                 entry["step"] = torch.tensor(100.0)
             state["optim"]["state"][name] = entry
         if rank == 0:
+            # torch.optim.AdamW's own group options: ckptfix tells the optimizer's kind by them
             state["optim"]["param_groups"] = [{"lr": 1e-4, "initial_lr": 1e-4, "betas": (0.9, 0.95),
-                                               "weight_decay": 0.1, "eps": 1e-8, "params": list(shapes)}]
+                                               "weight_decay": 0.1, "eps": 1e-8, "amsgrad": False,
+                                               "maximize": False, "foreach": None, "capturable": False,
+                                               "differentiable": False, "fused": None, "decoupled_weight_decay": True,
+                                               "params": list(shapes)}]
         scratch = os.path.join(folder, f".rank{rank}")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -12,6 +12,7 @@ import mmap
 import os
 import re
 import struct
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -150,6 +151,31 @@ class _ReadMap(mmap.mmap):
             pass
 
 
+class _MirrorMap(_ReadMap):
+    """A `_ReadMap` of a mirror file (an object in object storage, `ckptfix.remote`): each slice or byte
+    read through it fetches its range first. Buffer-protocol readers (numpy, struct) call `remote.ensure`
+    themselves: `_mapped_storage`, `read_scalar`, `read_last_row`."""
+
+    _path: str = ""
+
+    def __getitem__(self, key):
+        remote = sys.modules["ckptfix.remote"]  # loaded: this map exists only for a mirror file
+
+        if isinstance(key, slice):
+            start, stop, _ = key.indices(len(self))
+            remote.ensure(self._path, start, stop - start)
+        elif isinstance(key, int):
+            remote.ensure(self._path, key % len(self), 1)
+        return super().__getitem__(key)
+
+
+def _ensure(path: str, start: int, length: int) -> None:
+    """`remote.ensure` where a URL was named in this process; nothing (no import) otherwise."""
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is not None:
+        remote.ensure(path, start, length)
+
+
 def file_map(path: str, writable: bool = False) -> mmap.mmap:
     """One shared map per file: reading many small records costs no open() each.
 
@@ -170,8 +196,14 @@ def file_map(path: str, writable: bool = False) -> mmap.mmap:
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         else:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            remote = sys.modules.get("ckptfix.remote")
+            mirrored = remote is not None and remote.is_mirrored(path)
             try:
-                mapped = _ReadMap(fd, 0, access=mmap.ACCESS_READ)
+                if mirrored:
+                    mapped = _MirrorMap(fd, 0, access=mmap.ACCESS_READ)
+                    mapped._path = os.path.abspath(path)
+                else:
+                    mapped = _ReadMap(fd, 0, access=mmap.ACCESS_READ)
             except BaseException:
                 os.close(fd)
                 raise
@@ -200,6 +232,7 @@ def _mapped_storage(tensor: TensorInfo, writable: bool = False) -> np.ndarray:
         mapped = file_map(where.file, writable)
         if where.start + count * itemsize > len(mapped):
             raise UnreadableCheckpoint(f"{tensor.name}: data runs past the end of {where.file} (truncated?)")
+        _ensure(where.file, where.start, count * itemsize)
         return np.frombuffer(mapped, dtype=np_dtype, count=count, offset=where.start)
     except (OSError, ValueError) as exc:
         raise UnreadableCheckpoint(f"{tensor.name}: cannot map data in {where.file}: {exc}") from None
@@ -289,6 +322,7 @@ def read_scalar(tensor: TensorInfo) -> float | None:
         mapped = file_map(where.file, False)
         if start + size > len(mapped):
             return None  # data runs past the end of the file (truncated)
+        _ensure(where.file, start, size)
         (value,) = struct.unpack_from(code, mapped, start)
         if tensor.dtype == "bfloat16":
             (value,) = struct.unpack("<f", struct.pack("<I", value << 16))
@@ -323,6 +357,7 @@ def read_last_row(tensor: TensorInfo) -> tuple[float, ...] | None:
         start = where.start + first * size
         if start + width * size > len(mapped):
             return None
+        _ensure(where.file, start, width * size)
         return struct.unpack_from(f"<{width}{code[1]}", mapped, start)
     except (UnreadableCheckpoint, OSError, ValueError, struct.error):
         return None

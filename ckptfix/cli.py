@@ -49,8 +49,15 @@ def _paint(text: str) -> str:
     return re.sub(r"(?m)^(wrote|converted|restored)\b", lambda m: click.style(m.group(1), fg="green"), text)
 
 
+def _remote() -> Any:
+    """`ckptfix.remote` when a URL was named in this process (its mirrors' temporary paths are then shown
+    as the URLs they stand for), else None."""
+    return sys.modules.get("ckptfix.remote")
+
+
 def _echo(text: str) -> None:
-    click.echo(_paint(text), color=_color())
+    remote = _remote()
+    click.echo(_paint(remote.shown(text) if remote is not None else text), color=_color())
 
 
 def _check_selectors(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
@@ -66,7 +73,9 @@ def _check_selectors(ctx: click.Context, param: click.Parameter, values: tuple[s
 
 
 def _emit_json(data: object) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
+    remote = _remote()
+    text = json.dumps(data, indent=2, default=str)
+    click.echo(text if remote is None else json.dumps(remote.shown_tree(json.loads(text)), indent=2))
 
 
 VERSION_LINE = f"ckptfix, version {__version__}"
@@ -361,6 +370,10 @@ def _fail(args: list[str], kind: str, message: str, *, code: int = EXIT_BAD_INPU
     """One line on stderr, then exit `code`. Under --json, stdout also gets
     `{"schema": "ckptfix.error/1", "error": {"kind", "message", "exit_code"}}`, so a script that parses
     stdout sees an object instead of nothing (kind: usage, bad_input, aborted, verify or internal)."""
+    remote = _remote()
+    if remote is not None:  # a mirror's temporary path named as its URL
+        message = remote.shown(message)
+        prefix = remote.shown(prefix) if prefix is not None else None
     click.echo(prefix or f"ckptfix: error: {message}", err=True)
     if _wants_json(args):
         click.echo(json.dumps({"schema": ERROR_SCHEMA, "error": {"kind": kind, "message": message, "exit_code": code}}))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,6 +234,9 @@ def _user_defined_pieces(tok: Any) -> list[tuple[int, str]]:
 @functools.lru_cache(maxsize=8)
 def _user_defined_in(source: str, inode: int, size: int, mtime_ns: int) -> tuple[tuple[int, str], ...]:
     try:
+        remote = sys.modules.get("ckptfix.remote")
+        if remote is not None:  # a tokenizer in object storage: its bytes fetched before this plain read
+            remote.ensure_file(source)
         with open(source, "rb") as f:  # read(n) allocates n bytes up front: never more than the file holds
             data = f.read(min(os.fstat(f.fileno()).st_size, 1 << 28))
         return tuple((i, piece) for i, (piece, kind) in enumerate(_sentencepiece_pieces(data)) if kind == _USER_DEFINED)

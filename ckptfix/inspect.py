@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -48,6 +49,10 @@ class Report:
         return {s: c.get(s, 0) for s in ("error", "warning", "info")}
 
     def to_json(self) -> dict[str, Any]:
+        remote = sys.modules.get("ckptfix.remote")  # an input in object storage: its URL, not the mirror's path
+        return remote.shown_tree(self._to_json()) if remote is not None else self._to_json()
+
+    def _to_json(self) -> dict[str, Any]:
         ckpt = self.ckpt
         return {
             "schema": SCHEMA,

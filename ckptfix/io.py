@@ -14,6 +14,7 @@ import mmap
 import os
 import shutil
 import stat
+import sys
 import tempfile
 import threading
 import time
@@ -244,6 +245,8 @@ def copy_range(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, size: int) 
     Each copied chunk's writeback is started at once (POSIX_FADV_DONTNEED on a dirty range begins
     writing it back): the disk writes while the copy goes on, instead of all of it waiting for the
     final fsync as after `cp` + `sync`; pages still dirty or under writeback stay cached."""
+    if _from_object_store(src_fd, dst_fd, src_pos, dst_pos, size):
+        return "recorded"
     done, method = 0, "copy_file_range"
     while done < size:
         n, method = _copy_chunk(src_fd, dst_fd, src_pos + done, dst_pos + done, min(_COPY_CHUNK, size - done))
@@ -255,6 +258,14 @@ def copy_range(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, size: int) 
         done += n
         _report_copied(src_fd, src_pos + done)
     return method
+
+
+def _from_object_store(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, size: int) -> bool:
+    """For a source mirrored from object storage (`ckptfix.remote`): True when the copy was recorded for a
+    server-side copy (a remote OUT), else its bytes are fetched first and the caller copies them. Nothing
+    (no import) when no URL was named."""
+    remote = sys.modules.get("ckptfix.remote")
+    return remote is not None and remote.record_copy(src_fd, src_pos, dst_fd, dst_pos, size)
 
 
 def _copy_chunk(src_fd: int, dst_fd: int, src_pos: int, dst_pos: int, n: int) -> tuple[int, str]:
@@ -430,7 +441,12 @@ def clone_file(src: str, dst: str) -> str:
         _copy_link(src, dst, os.path.dirname(src))
         return "link"
     with open_regular(src, error=RepairError) as fin, create_file(dst) as fout:  # never a FIFO or device
-        method = _clone(fin.fileno(), fout.fileno()) or _kernel_copy(fin.fileno(), fout.fileno())
+        size = os.fstat(fin.fileno()).st_size
+        if _from_object_store(fin.fileno(), fout.fileno(), 0, 0, size):
+            os.ftruncate(fout.fileno(), size)
+            method = "recorded"
+        else:
+            method = _clone(fin.fileno(), fout.fileno()) or _kernel_copy(fin.fileno(), fout.fileno())
     shutil.copymode(src, dst)
     return method
 
@@ -445,7 +461,9 @@ def clone_records(src: str, dst: str, keep: list[tuple[int, int]]) -> str:
     from ckptfix.untrusted import open_regular
 
     with open_regular(src, error=RepairError) as fin, create_file(dst) as fout:
-        method = _clone(fin.fileno(), fout.fileno())
+        remote = sys.modules.get("ckptfix.remote")
+        # a mirror file's unfetched parts are holes: never shared whole, only its kept ranges copied
+        method = None if remote is not None and remote.is_mirrored(src) else _clone(fin.fileno(), fout.fileno())
         if method is None:
             method = "copy_file_range"
             for offset, length in keep:

@@ -53,6 +53,10 @@ def load_tokenizer(path: str | os.PathLike) -> TokenizerInfo:
 
     Raises TokenizerError (one line, naming the path) for anything that is not a readable tokenizer.
     """
+    if "://" in str(os.fspath(path)):  # a URL: read through its sparse local mirror (ckptfix.remote)
+        from ckptfix.remote import local_path
+
+        path = local_path(path)
     p = Path(os.fspath(path))
     try:
         is_dir, exists = p.is_dir(), p.exists()

@@ -19,6 +19,7 @@ import json
 import math
 import os
 import stat
+import sys
 from typing import Any, BinaryIO
 
 from ckptfix.errors import CorruptInput, UnreadableCheckpoint
@@ -138,7 +139,8 @@ def open_regular(path: str | os.PathLike, *, error: type[Exception] = Unreadable
     if not stat.S_ISREG(mode):
         os.close(fd)
         raise error(f"{shown}: not a regular file (a {_kind(mode)})")
-    return os.fdopen(fd, "rb")
+    remote = sys.modules.get("ckptfix.remote")  # imported only once a URL was named: else no mirror exists
+    return remote.wrap(os.fdopen(fd, "rb"), path) if remote is not None else os.fdopen(fd, "rb")
 
 
 def read_bounded(path: str | os.PathLike, limit: int, *, what: str = "file",

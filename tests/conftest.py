@@ -14,3 +14,7 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# The S3 API server of the object-storage tests (moto's server mode; skips without the `s3` extra).
+from s3_server import s3, s3_server  # noqa: E402, F401

@@ -120,6 +120,10 @@ def read_checkpoint(path: str | os.PathLike, *, trust_pickle: bool = False) -> "
     from ckptfix.formats.validate import check_checkpoint
 
     path = os.fspath(path)
+    if "://" in path:  # a URL: read through its sparse local mirror (ckptfix.remote)
+        from ckptfix.remote import local_path
+
+        path = str(local_path(path))
     untrusted.input_root(path)
     ckpt = resolve(BY_NAME[detect(path)].read)(path, trust_pickle=trust_pickle)
     if ckpt.record is None:  # a folder's ckptfix.json, or the FILE.ckptfix.json sidecar of a bare state_dict

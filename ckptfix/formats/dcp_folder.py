@@ -39,6 +39,7 @@ import math
 import os
 import re
 import struct
+import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -332,7 +333,25 @@ def read_metadata(path: str, name: str = METADATA_FILE) -> tuple[dict[str, Item]
             item.blobs.append(_blob(path, _fields(info, "_StorageInfo", file), file, item.fqn))
             item.blob_offsets.append(_dims(where.get("offset"), file) if where.get("offset") is not None else None)
     version = state.get("version")
+    _prefetch_blob_ends(items)
     return items, str(version) if isinstance(version, (str, int)) else None
+
+
+_BLOB_END = 8192  # a record's zip this small (a step, a scalar, a bias) is fetched whole
+_BLOB_HEAD = 4096  # a larger one's first page: its zip magic and data.pkl's header, which inspect reads
+
+
+def _prefetch_blob_ends(items: dict[str, Item]) -> None:
+    """In object storage (`ckptfix.remote`), what inspect reads of each record (a small record whole, a
+    large one's first page) in a few merged requests, before the readers ask for them one by one."""
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is None:
+        return
+    ranges = []
+    for item in items.values():
+        for file, start, length, _ in item.blobs:
+            ranges.append((file, start, length if length <= _BLOB_END else _BLOB_HEAD))
+    remote.prefetch(ranges)
 
 
 MAX_PATH_KEYS = 64  # state-dict nesting in a planner path; real ones are 2-4 deep

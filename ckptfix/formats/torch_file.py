@@ -6,13 +6,15 @@ Reading parses the zip central directory and the pickle only: tensor records are
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
+import sys
 import zipfile
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
 from ckptfix.errors import UnreadableCheckpoint
@@ -29,6 +31,7 @@ except ImportError:  # pragma: no cover - Python built without lzma
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")
+_SMALL_RECORD = 4096  # a step, a scalar, a LayerNorm: fetched with its header from object storage
 MAX_SMALL_RECORD = 64 << 20  # data.pkl and friends are read whole; refuse anything larger
 MAX_INFLATE_RATIO = 50  # a compressed member (never written by torch.save) may inflate at most this much
 
@@ -104,7 +107,7 @@ class TorchArchive:
             raise UnreadableCheckpoint(f"{self.path}: {suffix} inflates {info.compress_size:,} bytes to "
                                        f"{info.file_size:,}; refusing to inflate it (a zip bomb?)")
         try:
-            with zipfile.ZipFile(self.path) as zf, zf.open(info) as member:
+            with _zip_file(self.path) as zf, zf.open(info) as member:
                 return _read_at_most(member, info.file_size, f"{self.path}: {suffix}")
         except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError,
                 zlib.error, _LZMAError) as exc:  # zlib/lzma: a corrupt compressed member
@@ -136,9 +139,23 @@ def sniff(head: bytes) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def _zip_file(path: str) -> Iterator[zipfile.ZipFile]:
+    """zipfile on `path`; for an object in object storage, on a file that fetches what zipfile reads
+    (its end records, central directory and the members it opens), never the records between."""
+    remote = sys.modules.get("ckptfix.remote")
+    source: Any = remote.reader(path) if remote is not None else path
+    try:
+        with zipfile.ZipFile(source) as zf:
+            yield zf
+    finally:
+        if source is not path:
+            source.close()
+
+
 def open_archive(path: str) -> TorchArchive:
     try:
-        with zipfile.ZipFile(path) as zf:
+        with _zip_file(path) as zf:
             infos = zf.infolist()
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, struct.error, NotImplementedError, OverflowError) as exc:
         # NotImplementedError: a damaged "version needed to extract" field ("zip file version 6.4")
@@ -172,6 +189,10 @@ def open_archive(path: str) -> TorchArchive:
             duplicates.append(info.filename)
         members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
     archive = TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is not None:  # in object storage: every local header (and each small record) in a few requests
+        remote.prefetch([(path, i.header_offset, _LOCAL_HEADER.size + len(i.orig_filename.encode()) + 128
+                          + (i.file_size if i.file_size <= _SMALL_RECORD else 0)) for i in infos])
     _refuse_overlaps(archive, infos)
     archive.big_endian = byte_order(archive) == "big"
     return archive
@@ -238,6 +259,9 @@ def _load_legacy(path: str, opaque: bool, refusals: list[str] | None = None) -> 
     The file is mapped, never read whole: only the pickles at its head are copied out (each bounded by
     MAX_PICKLE_BYTES), and each storage costs an 8-byte pread of its size; its bytes stay in the file.
     A plain map, not `file_map`'s: finding a pickle's end indexes it byte by byte, in C."""
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is not None:  # the pickles are found by scanning the map in C: an object is fetched whole
+        remote.ensure_file(path)
     with open(path, "rb") as f:
         try:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -86,7 +87,26 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     vocab size is changed, kept with a reason, or repair refuses: `ckptfix.audit`), write, verify (OUT read
     back and compared with the plan: `ckptfix.verify`; on a difference OUT is removed and VerifyFailed raised).
     """
+    if out is not None and not in_place and _is_url(out):  # staged here, then published (ckptfix.publish)
+        from ckptfix.publish import repair_to_object_store
+
+        return repair_to_object_store(repair, os.fspath(checkpoint), tokenizer, os.fspath(out), force=force,
+                                      dry_run=dry_run, from_tokenizer=from_tokenizer, policy=policy, init=init,
+                                      std=std, pad_to_multiple_of=pad_to_multiple_of, trust_pickle=trust_pickle,
+                                      seed=seed, keep_ids=keep_ids, keep=keep, progress=progress)
+    if in_place and _is_url(checkpoint):  # written on the prefix's mirror, then published (ckptfix.publish)
+        from ckptfix.publish import repair_in_place_in_object_store
+
+        return repair_in_place_in_object_store(_repair_in_place, os.fspath(checkpoint), tokenizer, out,
+                                               from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
+                                               pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
+                                               trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids,
+                                               keep=tuple(keep), progress=progress)
     source = os.fspath(checkpoint)
+    if "://" in str(source):  # a URL: read through its sparse local mirror (ckptfix.remote)
+        from ckptfix.remote import local_path
+
+        source = local_path(source)
     if in_place:
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                 std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
@@ -97,8 +117,12 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
     # so it runs while the checkpoint and tokenizer are read and planned, and then during the copy.
     writes = not dry_run and out is not None and (force or not os.path.lexists(os.fspath(out)))
+    staged = _staged_for_object_store(source)
+    if writes and not staged and "://" not in os.fspath(out):  # type: ignore[arg-type]
+        _fetch_mirrored(source)
     paced = os.path.isfile(source)  # a single file is copied front to back: the hash can follow it
-    hasher = BackgroundHash(source, paced=paced) if writes else None
+    new_hasher = (lambda: _NotHashed()) if staged else (lambda: BackgroundHash(source, paced=paced))
+    hasher = new_hasher() if writes else None
     try:
         plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, tuple(keep), policy=policy,
                                         init=init, std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
@@ -115,11 +139,12 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
                                 notes=["nothing to change: the checkpoint already fits the tokenizer; nothing written"])
         check_output_path(source, out, force=force, sidecar=_writes_sidecar(ckpt))
         if hasher is None:  # `out` existed at the first check and is gone now
-            hasher = BackgroundHash(source, paced=paced)
+            hasher = new_hasher()
         def record_fn(final: bool = True) -> dict[str, Any]:
             # not final: the record as it will be, the hash a placeholder of the same length (writers that
             # must place the record before the copy rewrite it in place once the copy is hashed)
-            return build_record(plan, hasher.result() if final else SHA256_PLACEHOLDER)
+            hashed = final or isinstance(hasher, _NotHashed)
+            return build_record(plan, hasher.result() if hashed else SHA256_PLACEHOLDER)
 
         backup = writer(plan, out, record_fn, rng=np.random.default_rng(seed), in_place=same_path, progress=progress)
         _verify(plan, out, trust_pickle, lambda: undo_write(out, backup, same_path=same_path,
@@ -128,6 +153,47 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     finally:
         if hasher is not None:  # stop it pacing itself behind a copy that is not coming
             hasher.release()
+
+
+def _is_url(path: Any) -> bool:
+    """Whether `path` names object storage (`ckptfix.remote`, imported only when it may)."""
+    if "://" not in str(os.fspath(path)):
+        return False
+    from ckptfix.remote import is_url
+
+    return is_url(path)
+
+
+class _NotHashed:
+    """The hash of a mirrored source repaired into object storage: not computed, since it would fetch every
+    byte the server-side copies leave in the store (the record's source_sha256 is null, as for --in-place)."""
+
+    def result(self) -> None:
+        return None
+
+    def release(self) -> None:
+        pass
+
+
+def _staged_for_object_store(source: str) -> bool:
+    """Whether `source` is a mirror being repaired into object storage (`ckptfix.publish` records its copies)."""
+    remote = sys.modules.get("ckptfix.remote")
+    return remote is not None and remote.is_mirrored(source) and remote.recording()
+
+
+def _fetch_mirrored(source: str) -> None:
+    """A source in object storage (`ckptfix.remote`) repaired into a local OUT: every byte is hashed for the
+    record and copied or rewritten, so all of it is fetched first (bounded requests, into the private
+    mirror), and the writers, the hash and the copies then read local bytes only."""
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is not None:
+        remote.fetch_all(source)
+
+
+def _named(path: str) -> str:
+    """A path as a record names it: absolute, or the URL of an object-store input."""
+    remote = sys.modules.get("ckptfix.remote")
+    return remote.source_name(path) if remote is not None else os.path.abspath(path)
 
 
 def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, trust_pickle: bool,
@@ -268,8 +334,8 @@ def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
     complete = bool(indices) and all(isinstance(n, str) for n in names)
     provenance = {
         "version": __version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": os.path.abspath(plan.ckpt.path),
+        "created": _created().isoformat(timespec="seconds"),
+        "source": _named(plan.ckpt.path),
         "source_sha256": source_sha256,
         "format": plan.ckpt.format,
         "policy": plan.policy,
@@ -293,8 +359,17 @@ def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
     )
 
 
+def _created() -> datetime.datetime:
+    """Now, or the time SOURCE_DATE_EPOCH names (the reproducible-builds convention): two repairs of the same
+    input then write the same bytes (the tests compare a repair published to object storage with a local one)."""
+    epoch = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if epoch.isdigit() and len(epoch) <= 12:
+        return datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc)
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
 def _tokenizer_ref(tok: Any) -> TokenizerRef:
     from ckptfix.identity import fingerprint
 
-    return TokenizerRef(os.path.abspath(tok.path), tok.size, fingerprint(tok))
+    return TokenizerRef(_named(tok.path), tok.size, fingerprint(tok))
 

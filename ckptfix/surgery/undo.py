@@ -104,7 +104,13 @@ def restore(folder: str) -> list[str]:
 
     The restore list is an input like any other: a bounded regular file, typed, every name a plain entry of
     the folder (no separator, no `..`), each backup the name's own `NAME.ckptfix-bak`; and nothing is removed
-    that the restored metadata or index references. Any doubt: exit 2, nothing touched."""
+    that the restored metadata or index references. Any doubt: exit 2, nothing touched. A URL (an in-place
+    repair of a prefix in object storage) is restored there (`_restore_in_object_store`)."""
+    if "://" in folder:
+        from ckptfix.remote import is_url
+
+        if is_url(folder):
+            return _restore_in_object_store(folder)
     switch, backups, added = _read_restore_list(folder)
     keep = _referenced(folder, switch, backups[switch])
     needed = sorted(set(added) & keep)
@@ -122,6 +128,32 @@ def restore(folder: str) -> list[str]:
             done.append(f"removed {escape(name)}")
     os.remove(os.path.join(folder, RESTORE_FILE))
     fsync_dir(folder)
+    return done
+
+
+def _restore_in_object_store(url: str) -> list[str]:
+    """`ckptfix restore URL`: the restore list checked as for a folder (on the prefix's mirror), then the
+    backups copied back over their names inside the store (the switch object first), the backups, the added
+    objects and the restore list deleted."""
+    import ckptfix.remote as remote
+
+    folder = remote.local_path(url)
+    mirror = remote.mirror_of(folder)
+    if mirror is None or not os.path.isdir(folder):
+        raise RepairError(f"{remote._shown_url(url)}: no in-place repair to undo ({RESTORE_FILE} missing)")
+    switch, backups, added = _read_restore_list(folder)
+    done = restore(folder)  # every check of a local restore, on the mirror (nothing remote touched yet)
+    fs, root = mirror.fs, mirror.key
+    try:
+        for name in sorted(backups, key=lambda n: n != switch):  # the checkpoint's switch first
+            fs.copy(f"{root}/{backups[name]}", f"{root}/{name}")
+        for name in [*backups.values(), *added, RESTORE_FILE]:
+            if fs.exists(f"{root}/{name}"):
+                fs.rm_file(f"{root}/{name}")
+    except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
+        raise remote.storage_error(url, exc) from None
+    finally:
+        fs.invalidate_cache()
     return done
 
 
