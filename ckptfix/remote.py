@@ -232,8 +232,13 @@ class Mirror:
                                            "mirrored (empty, '.' or '..' parts, or longer than 1024 bytes); "
                                            "refusing a prefix whose keys would climb out of it")
             local = os.path.join(self.path, *parts)
-            os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
-            self._add(local, key, size)
+            try:
+                os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
+                self._add(local, key, size)
+            except (FileExistsError, NotADirectoryError, IsADirectoryError):
+                raise UnreadableCheckpoint(f"{_shown_url(self.url)}: object key {escape(key, 200)!r} and another key make one "
+                                           "name both an object and a prefix; no checkpoint is laid out so: "
+                                           "refusing the prefix") from None
 
     def _list(self) -> list[tuple[str, int]] | int:
         """The prefix's objects (key, size), or the size when the URL names one object. Bounded: MAX_OBJECTS."""

@@ -523,6 +523,14 @@ def test_listing_is_bounded_and_keys_stay_inside_the_prefix(s3, tmp_path, monkey
     assert not (Path(tempfile.gettempdir()) / "escape.json").exists()  # where the key would have led
 
 
+def test_an_object_that_is_also_a_prefix_is_one_line(s3):
+    """S3 holds `run/a` and `run/a/b` side by side; files cannot (was FileExistsError, exit 3)."""
+    s3.client.put_object(Bucket=s3.name, Key="both/model.safetensors", Body=b"x")
+    s3.client.put_object(Bucket=s3.name, Key="both/a", Body=b"1")
+    s3.client.put_object(Bucket=s3.name, Key="both/a/b", Body=b"2")
+    _one_line(run("inspect", s3.url("both")), "both an object and a prefix")
+
+
 def test_readme_object_storage_block_runs(s3, tmp_path, monkeypatch):
     """README's object-storage block: each extra it names exists, and its commands run against the server
     (`bucket` standing for the test's bucket)."""
