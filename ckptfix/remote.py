@@ -83,6 +83,12 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise CkptfixError(f"{_shown_url(url)}: not a usable {scheme}:// URL ({escape(type(exc).__name__)})") from None
 
 
+def _without_trailing_slash(url: str) -> str:
+    """`s3://bucket/run/` as `s3://bucket/run`: the slashes off the key, never the scheme's own."""
+    scheme, sep, rest = url.partition("://")
+    return scheme + sep + rest.rstrip("/")
+
+
 def _shown_url(url: str) -> str:
     """A URL fit for an error line: no query string (a signed URL's signature lives there), no user info."""
     scheme, _, rest = url.partition("://")
@@ -203,7 +209,7 @@ class Mirror:
     `iter_0000010`, `model.safetensors`) are the same as in a local copy."""
 
     def __init__(self, url: str):
-        self.url = url.rstrip("/") if not url.endswith(":///") else url
+        self.url = _without_trailing_slash(url)
         self.fs, self.key = filesystem(url)
         self.key = self.key.rstrip("/")
         self.tmp = tempfile.mkdtemp(prefix="ckptfix-remote-")  # 0700: other users cannot read what is fetched
@@ -339,7 +345,7 @@ def local_path(path: Any) -> Any:
     Callers import this module only when a path holds "://", so a local path never loads it."""
     if not is_url(path):
         return path
-    url = os.fspath(path).rstrip("/")
+    url = _without_trailing_slash(os.fspath(path))
     mirror = _BY_URL.get(url)
     if mirror is None:
         mirror = Mirror(url)
