@@ -32,7 +32,8 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 from ckptfix.checkpoint import TensorInfo
 from ckptfix.checks.codes import finding
 from ckptfix.formats.pickle_records import OpaqueObject, TensorRef
-from ckptfix.vocab import NOT_VOCAB_NAMES, PER_LAYER
+from ckptfix.recorded import recorded_rows
+from ckptfix.vocab import NOT_VOCAB_NAMES, PER_LAYER, near
 
 if TYPE_CHECKING:
     from ckptfix.surgery.plan import RepairPlan
@@ -429,9 +430,6 @@ class _Context:
         """Vocab tensors the plan resizes from row counts that cannot all be the one vocabulary: a table far
         from the LM's rows (a second vocabulary with its own tokenizer: a Q-Former's BERT table), or an
         embedding with rows beyond the vocab the config records (Mllama's image tokens)."""
-        from ckptfix.recorded import recorded_rows
-        from ckptfix.vocab import near
-
         plan = self.plan
         heads = [e for e in plan.weights.values() if e.role == "head"]
         main = max((e.plan.old_rows for e in heads), default=None)
@@ -463,8 +461,6 @@ class _Context:
         the plan leaves alone (CPM-Ant's `input_embedding`: vocab_size + 1024 prompt rows): the model class
         builds it from the vocab size too, so written back at its old size the output does not load; which of
         its rows are token rows nothing in the file records (past MAX_OFFSET it is not taken as Mllama's)."""
-        from ckptfix.vocab import NOT_VOCAB_NAMES, PER_LAYER
-
         widths = {e.source.shape[1] for e in heads if len(e.source.shape) == 2}
         out = []
         for name, t in self.ckpt.model.items():

@@ -55,7 +55,7 @@ class TensorEdit:
     moment_key: str | None = None
     tied: bool = False  # an embedding whose rows are also the head's (its new rows produce logits)
     owner: str | None = None  # a moment's weight (its model tensor name); None for a weight
-    fill: str | None = None  # an optimizer state's new rows, by its `optim_state.Rule`; None: `fill_for`'s
+    fill: str | None = None  # a state's new rows, by its `optim_state.Rule` (always set); None: a weight's, `fill_for`'s
     value: float | None = None  # "group-lr": the value new rows start at
     copy_of: TensorEdit | None = None  # "weights": the weight whose new rows this state copies
     _new_cache: Any = field(default=None, repr=False)  # the new rows, computed once (a copy must equal them)
@@ -84,7 +84,7 @@ class TensorEdit:
         """The new rows' values as stored, from the old rows `rows` (as stored); computed once per edit, so
         a parameter copy (`copy_of`) gets exactly the rows its weight got."""
         if self._new_cache is None:
-            fill = self.fill or fill_for(init, self.moment_key, self.role, self.tied)
+            fill = self.fill or fill_for(init, self.role, self.tied)
             count = int((self.plan.source < 0).sum())
             if fill == "weights" and self.copy_of is not None:
                 weight = self.copy_of
@@ -143,7 +143,7 @@ class TensorEdit:
         return Spliced(ByteRange(where.file, start, keep * row_bytes, where.big_endian), tail)
 
     def _new_rows(self, count: int, init: str, std: float, rng: np.random.Generator) -> Any:
-        src, fill = self.source, self.fill or fill_for(init, self.moment_key, self.role, self.tied)
+        src, fill = self.source, self.fill or fill_for(init, self.role, self.tied)
         if count == 0 or fill == "zeros":
             return bytes(DTYPE_SIZES[src.dtype] * count * math.prod(src.shape[1:]))  # +0.0 in every float dtype
         return self.new_values(src.read_stored(), init, std, rng)

@@ -92,22 +92,14 @@ def plan_by_token(old_rows: int, new_rows: int, old_tokens: list[str | None], ne
                    dropped=len(dropped), dropped_ids=dropped)
 
 
-def fill_for(init: str, moment_key: str | None, role: str = "embedding", tied: bool = False) -> str:
-    """How new rows of a tensor are filled: weights by `init`; an optimizer's first moments are zero
-    and its second moments get the old rows' column mean (`SECOND_MOMENT_FILL`).
+def fill_for(init: str, role: str = "embedding", tied: bool = False) -> str:
+    """How a weight's new rows are filled: by `init` (an optimizer state's fill is its `optim_state.Rule`'s).
 
     Under `pieces`, rows that produce logits (an untied head and its bias, or a tied embedding) get
-    "pieces-head": the pieces' mean pulled towards the old mean (HEAD_SHRINK), see its comment.
-
-    Why not a zero second moment: under an inherited step the bias correction no longer scales it up,
-    so the first update of a new row is |g|/sqrt(1-beta2)*sqrt(1-beta2^t) ... about 1.35 x lr at step
-    200 and 3.16 x lr from a few thousand steps on, ~3.7x the size of old rows' updates (measured in
-    tests/test_repair_e2e.py); with the mean it is ~0.4-0.8x of theirs."""
-    if moment_key is None:
-        if init == "pieces" and (role in ("head", "head-bias") or tied):
-            return "pieces-head"
-        return init  # checked against plan.INITS when the plan was made
-    return SECOND_MOMENT_FILL if moment_key in _SECOND_MOMENTS else "zeros"
+    "pieces-head": the pieces' mean pulled towards the old mean (HEAD_SHRINK), see its comment."""
+    if init == "pieces" and (role in ("head", "head-bias") or tied):
+        return "pieces-head"
+    return init  # checked against plan.INITS when the plan was made
 
 
 def new_rows_for(rows: np.ndarray, dtype: str, plan: RowPlan, fill: str, std: float,
@@ -231,8 +223,5 @@ def apply_plan(old: np.ndarray, plan: RowPlan, fill: np.ndarray) -> np.ndarray:
 # (bench/new_tokens.py, README "New tokens"). The input embedding of an untied model gets the full mean:
 # it does not touch old text's distributions.
 HEAD_SHRINK = 0.6
-# Second moments of new rows: "column-mean" (the old rows' per-column mean) or "column-median".
-SECOND_MOMENT_FILL = "column-mean"
 PIECES_NOISE = 0.01
 _WRITABLE_FLOATS = {n: NUMPY_DTYPES[n] for n in ("float64", "float32", "float16", "bfloat16")}  # computable rows
-_SECOND_MOMENTS = ("exp_avg_sq", "max_exp_avg_sq", "exp_avg_sq_row", "square_avg", "sum")
