@@ -33,13 +33,12 @@ from ckptfix.checkpoint import TensorInfo
 from ckptfix.checks.codes import finding
 from ckptfix.formats.pickle_records import OpaqueObject, TensorRef
 from ckptfix.recorded import recorded_rows
-from ckptfix.vocab import NOT_VOCAB_NAMES, PER_LAYER, near
+from ckptfix.vocab import EMBEDDING_LIKE, NOT_VOCAB_NAMES, PER_LAYER, near
 
 if TYPE_CHECKING:
     from ckptfix.surgery.plan import RepairPlan
 
 CHANGED, KEPT, UNRESOLVED = "changed", "kept", "unresolved"
-_EMBEDDING_LIKE = re.compile(r"embed", re.IGNORECASE)  # a table looked up by ids, whatever its prefix
 MAX_DEPTH = 32  # configs and optimizer states nest a few levels; SECURITY.md's pickle depth bound is larger
 MAX_NODES = 1_000_000  # containers and leaves visited in one audit; a real checkpoint has far fewer
 
@@ -466,7 +465,7 @@ class _Context:
         for name, t in self.ckpt.model.items():
             if name in self.plan.weights or name in self.plan.kept or name in self.keep or not t.is_float \
                     or len(t.shape) != 2 or t.shape[1] not in widths or t.shape[0] <= main \
-                    or not _EMBEDDING_LIKE.search(name) or NOT_VOCAB_NAMES.search(name) or PER_LAYER.search(name):
+                    or not EMBEDDING_LIKE.search(name) or NOT_VOCAB_NAMES.search(name) or PER_LAYER.search(name):
                 continue
             out.append(Value(name, f"{list(t.shape)} {t.dtype}", UNRESOLVED,
                              f"named like an embedding, as wide as the head, with {t.shape[0] - main} row(s) past the "

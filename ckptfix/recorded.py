@@ -105,12 +105,15 @@ def text_config_key(node: dict) -> str | None:
     return keys[0] if len(keys) == 1 else None
 
 
+CODEBOOK_KEYS = ("num_embeddings", "codebook_size")  # a VQ image tokenizer's codebook (GLM-Image's, Chameleon's vq_config)
+
+
 def _other_vocabulary(key: Any) -> bool:
     """A size the config itself names as another vocabulary's (`<name>_vocab_size`: Pop2Piano's
-    `composer_vocab_size`, its composer embedding): separate. Token-type, segment and position tables are not
-    vocabularies (BERT's `type_vocab_size`)."""
-    return isinstance(key, str) and key.endswith("_vocab_size") and key not in VOCAB_KEYS \
-        and not any(word in key for word in ("type", "segment", "position"))
+    `composer_vocab_size`, its composer embedding; a VQ codebook's size): separate. Token-type, segment and
+    position tables are not vocabularies (BERT's `type_vocab_size`)."""
+    return isinstance(key, str) and (key in CODEBOOK_KEYS or key.endswith("_vocab_size") and key not in VOCAB_KEYS
+                                     and not any(word in key for word in ("type", "segment", "position")))
 
 
 def wrapped_text_key(node: dict, memo: dict[int, str | None] | None = None) -> str | None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ckptfix.checkpoint import Checkpoint, TensorInfo
 from ckptfix.mapping import ParamMapping
-from ckptfix.recorded import recorded_rows, separate_vocabularies
+from ckptfix.recorded import find_recorded, recorded_rows, separate_vocabularies
 
 EMBEDDING_NAMES = re.compile(
     r"(^|\.)(embed_tokens|wte|word_embeddings|tok_embeddings|text_embedding|token_embedding|tok_emb|"
@@ -92,9 +92,33 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
         first = first and role not in ("embedding", "head")
         n = t.shape[-1] if role == "head-bias" else t.shape[0]
         found[name] = VocabTensor(name, role, n, t.shape, tied_to=ckpt.tied.get(name))
+    found = {**_offset_tables(ckpt, found, widths, kept), **found}
     _set_offsets(ckpt, found)
     _attach_moments(ckpt, mapping, found)
     return list(found.values())
+
+
+EMBEDDING_LIKE = re.compile(r"embed", re.IGNORECASE)  # a table looked up by ids, whatever its prefix
+
+
+def _offset_tables(ckpt: Checkpoint, found: dict[str, VocabTensor], widths: set[int],
+                   kept: dict[str, str]) -> dict[str, VocabTensor]:
+    """When no table by an embedding's usual name was found (the rows came from the head): a table named
+    like an embedding, as wide as the head, whose rows are the head's plus an offset the model adds
+    (CPM-Ant's `input_embedding`: vocab_size + prompt_types x prompt_length); `_set_offsets` keeps the offset
+    only where the config records the head's rows."""
+    if any(v.role == "embedding" for v in found.values()):
+        return {}
+    heads = {v.rows for v in found.values() if v.role == "head"}
+    out: dict[str, VocabTensor] = {}
+    for name, t in ckpt.model.items():
+        if name in found or name in kept or not t.is_float or len(t.shape) != 2 or t.shape[1] not in widths \
+                or not EMBEDDING_LIKE.search(name) or NOT_VOCAB_NAMES.search(name) or PER_LAYER.search(name):
+            continue
+        if any(0 < t.shape[0] - lm <= MAX_OFFSET or t.shape[0] - lm in stated_offsets(ckpt.extras, lm)
+               for lm in heads):
+            out[name] = VocabTensor(name, "embedding", t.shape[0], t.shape, tied_to=ckpt.tied.get(name))
+    return out
 
 
 def _separate_rows(ckpt: Checkpoint) -> dict[int, str]:
@@ -132,17 +156,45 @@ def _note_separate(ckpt: Checkpoint, separate: dict[int, str], notes: list[str] 
 
 def _set_offsets(ckpt: Checkpoint, found: dict[str, VocabTensor]) -> None:
     """A model class that adds rows past its LM vocabulary (Mllama's embedding: vocab_size + 8 image-token
-    rows, its head vocab_size): the config's LM size is the head's rows, and the embedding's extra rows are
-    the model's own. Read from the checkpoint itself: a recorded LM size equal to an untied head's rows and an
-    embedding a few rows above it."""
+    rows, its head vocab_size; CPM-Ant's: vocab_size + 1024 prompt rows): the config's LM size is the head's
+    rows, and the embedding's extra rows are the model's own. Read from the checkpoint itself: a recorded LM
+    size equal to an untied head's rows and an embedding a few rows above it, or as many rows above it as
+    its config states (`stated_offsets`; without a head, only those: a config left at an old size looks the
+    same)."""
     recorded = recorded_rows(ckpt.extras)
     heads = {v.rows for v in found.values() if v.role == "head" and v.tied_to is None and v.rows in recorded}
-    if len(heads) != 1:
+    if len(heads) > 1:
         return
-    (lm,) = heads
     for v in found.values():
-        if v.role == "embedding" and v.tied_to is None and 0 < v.rows - lm <= MAX_OFFSET:
-            v.offset = v.rows - lm
+        if v.role != "embedding" or v.tied_to is not None:
+            continue
+        for lm in sorted(heads or recorded):
+            extra = v.rows - lm
+            if 0 < extra and ((heads and extra <= MAX_OFFSET) or extra in stated_offsets(ckpt.extras, lm)):
+                v.offset = extra
+                break
+
+
+_GENERIC_WORDS = {"num", "n", "max", "min", "total", "use", "is"}
+
+
+def stated_offsets(extras: dict[str, Any], lm: int) -> set[int]:
+    """Rows past the LM's `lm` that the config recording `lm` states: the product of two of its integers
+    named for one thing (CPM-Ant builds `input_embedding` with vocab_size + prompt_types x prompt_length rows,
+    its prompt ids vocab_size + k), past MAX_OFFSET (a smaller offset needs a head to tell it from a stale
+    size). One integer alone (a width, a layer count) or two of different things state no rows."""
+    out: set[int] = set()
+    for r in find_recorded(extras):
+        if not r.rows_key or r.value != lm:
+            continue
+        node: Any = extras
+        for key in r.path[:-1]:
+            node = node[key]
+        ints = [(str(k).split("_")[0], v) for k, v in list(node.items())[:512]
+                if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 32]
+        out.update(a * b for i, (word, a) in enumerate(ints) for other, b in ints[i + 1:]
+                   if word == other and word not in _GENERIC_WORDS and a * b > MAX_OFFSET)
+    return out
 
 
 def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None, separate: set[int]) -> tuple[set[int], set[int]]:
@@ -159,6 +211,10 @@ def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None, separate: set[int]
     if not named:  # no embedding to go by: heads by name (their rows are the vocab's)
         named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2 and HEAD_NAMES.search(n)
                  and not PER_LAYER.search(n) and t.shape[0] not in separate][:1]
+    if not named:  # nor a head: a table named like one whose rows are the recorded LM size plus stated rows
+        named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2
+                 and EMBEDDING_LIKE.search(n) and not NOT_VOCAB_NAMES.search(n) and not PER_LAYER.search(n)
+                 and any(t.shape[0] - lm in stated_offsets(ckpt.extras, lm) for lm in recorded_rows(ckpt.extras))][:1]
     rows = {s[0] for s in named}
     widths = {s[1] for s in named}
     # a factorised or projected head has another width (ALBERT, DeBERTa-v2's embedding_size): its name says so

@@ -225,7 +225,10 @@ REGISTRY_FAST = [("image-text-to-text", "llava"), ("image-text-to-text", "qwen2_
                  # shape (BART), a same-shape buffer beside the embedding (IBert), a converted key layout (GTE),
                  # a target vocabulary named apart (FSMT), a wrapped VLM config (ColPali), a base model (no head)
                  ("seq2seq", "bart"), ("masked-lm", "ibert"), ("masked-lm", "gte"), ("seq2seq", "fsmt"),
-                 ("pretraining", "colpali"), ("base", "llava")]
+                 ("pretraining", "colpali"), ("base", "llava"),
+                 # this round's: prompt rows the config states, without a head (base CPM-Ant); a VQ codebook
+                 # in a non-text sub-config (GLM-Image's vq_config.num_embeddings): a separate vocabulary
+                 ("base", "cpmant"), ("base", "glm_image")]
 ADDED = ["<video>", "<box>", "<ref>"]
 MAX_PARAMS = 30_000_000
 CLASS_SECONDS = 240  # a class slower than this on a shared CPU is reported skipped, not waited for  # "tiny": what a 2-core CI runner trains two steps of in seconds
@@ -411,10 +414,34 @@ def model_vocab_names(model: torch.nn.Module, vocab: int) -> set[str]:
     params = [m.weight for m in (embed, head) if m is not None and isinstance(getattr(m, "weight", None), torch.Tensor)]
     if head is not None and isinstance(getattr(head, "bias", None), torch.Tensor):
         params.append(head.bias)
-    # the LM's: an encoder-decoder's encoder embedding has its own vocabulary (its own tokenizer and size)
-    params = [p for p in params if p.dim() and any(vocab <= d <= vocab + 256 for d in p.shape)]
+    # the LM's: an encoder-decoder's encoder embedding has its own vocabulary (its own tokenizer and size);
+    # rows past the vocab are the model's own (Mllama's 8 image rows) when the class builds them from the
+    # LM's vocab size (CPM-Ant's 1024 prompt rows): the table grows when the class is built for a larger one
+    grown = _grown_with_vocab(model)
     state = model.state_dict(keep_vars=True)
+    params = [p for p in params if p.dim() and (any(vocab <= d <= vocab + 256 for d in p.shape)
+                                                or any(t is p for n, t in state.items() if n in grown))]
     return {n for n, t in state.items() if any(t is p for p in params) or (t.dim() and vocab in t.shape)}
+
+
+def _grown_with_vocab(model: torch.nn.Module) -> set[str]:
+    """The tensors whose shape changes when the class is built (on the meta device) from its config with the
+    LM's vocab size 3 larger: transformers' own answer to which tensors the vocab size shapes."""
+    import copy
+
+    config = copy.deepcopy(model.config)
+    *path, key = _lm_vocab_path(config).split(".")
+    text = config
+    for part in path:
+        text = getattr(text, part)
+    setattr(text, key, getattr(text, key) + 3)
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            grown = type(model)(config).state_dict()
+    except Exception:  # noqa: BLE001 - a class that does not build on meta: the size rule alone
+        return set()
+    return {n for n, t in model.state_dict().items() if n in grown and grown[n].shape != t.shape}
 
 
 @dataclass
@@ -632,5 +659,5 @@ def _rows_kept(old: torch.Tensor, new: torch.Tensor | None) -> bool:
     if torch.equal(old, new.narrow(axis, 0, old.shape[axis])):
         return True
     own = old.shape[axis] - VOCAB
-    return 0 < own <= 256 and torch.equal(old.narrow(axis, 0, VOCAB), new.narrow(axis, 0, VOCAB)) \
+    return 0 < own and torch.equal(old.narrow(axis, 0, VOCAB), new.narrow(axis, 0, VOCAB)) \
         and torch.equal(old.narrow(axis, VOCAB, own), new.narrow(axis, VOCAB + added, own))

@@ -124,21 +124,26 @@ def test_mllama_new_ids_never_land_on_image_rows(tmp_path):
         assert not torch.equal(m[VOCAB:VOCAB + 3], b[VOCAB:VOCAB + 3])  # not the image rows' history
 
 
-def test_an_embedding_grown_past_the_vocab_is_refused_not_left(tmp_path):
-    """CPM-Ant's `input_embedding` holds vocab_size + 1024 prompt rows while its head has vocab_size: nothing in
-    the folder records which rows are tokens. Before, repair grew the head only and exited 0, and the output did
-    not load (size mismatch); now inspect names the table (CKF130) and repair exits 2 naming it and `--keep`."""
+def test_prompt_rows_the_config_states_follow_the_token_rows(tmp_path):
+    """CPM-Ant's `input_embedding` holds vocab_size + prompt_types x prompt_length rows (its prompt ids are
+    vocab_size + k) while its head has vocab_size. Before, repair grew the head only (exit 0, output that did not
+    load), then refused; now the config's stated product makes the 1024 rows the model's own, like Mllama's
+    image rows: the new token rows go before them, and the prompt rows and their moments move unchanged."""
     model = build_registry_model("cpmant", "CpmAntForCausalLM", VOCAB)
+    prompt = model.config.prompt_types * model.config.prompt_length
+    assert prompt > 256  # past MAX_OFFSET: taken only because the config states it
     opt, sched = trainer_optimizer(model)
     registry_step(model, opt, sched, VOCAB, seed=1)
     src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
     grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
     report = ckptfix.inspect(str(src), tokenizer=str(grown))
-    flagged = [f for f in report.findings if f.code == "CKF130"]
-    assert flagged and "cpmant.input_embedding.weight" in flagged[0].message
-    with pytest.raises(ckptfix.CkptfixError, match=r"cpmant\.input_embedding\.weight .*--keep PATH"):
-        ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
-    assert not (tmp_path / "fixed").exists()
+    assert "cpmant.input_embedding.weight" in {v.name for v in report.vocab}
+    assert not [f for f in report.findings if f.code == "CKF130"]
+    ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
+    fixed = type(model).from_pretrained(tmp_path / "fixed")
+    old, new = model.cpmant.input_embedding.weight.detach(), fixed.cpmant.input_embedding.weight.detach()
+    assert new.shape[0] == VOCAB + 3 + prompt and fixed.config.vocab_size == VOCAB + 3
+    assert torch.equal(new[:VOCAB], old[:VOCAB]) and torch.equal(new[VOCAB + 3:], old[VOCAB:])
 
 
 def test_converted_key_layout_is_a_warning_not_a_count_error(tmp_path):
