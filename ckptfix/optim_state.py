@@ -248,7 +248,8 @@ def action_for(kind: str, key: str, shape: tuple[int, ...], dtype: str, param_sh
     if rule.new_rows == "refuse":
         return Action("refuse", rule, rule.why)
     rows = shape[-1] if head_bias and len(shape) == 2 else (shape[0] if shape else 0)
-    like_param = len(shape) == len(param_shape) and (head_bias or shape[1:] == param_shape[1:])
+    like_param = len(shape) == len(param_shape) and (shape[:-1] == param_shape[:-1] if head_bias
+                                                     else shape[1:] == param_shape[1:])
     row_factor = len(param_shape) == 2 and shape in ((rows,), (rows, 1)) and rows == param_shape[0]
     if not (like_param or row_factor):
         return Action("refuse", rule, f"shape {list(shape)} for a {list(param_shape)} parameter")

@@ -27,7 +27,7 @@ MAX_OFFSET = 256  # the most rows a model class adds past its LM vocabulary that
 @dataclass
 class VocabTensor:
     name: str
-    role: str  # embedding | head | head-bias | vocab-sized
+    role: str  # embedding | head | head-bias (rows on the last axis: a bias, (1, rows), (k, rows)) | vocab-sized
     rows: int
     shape: tuple[int, ...]
     tied_to: str | None = None  # the embedding this head shares storage with
@@ -92,6 +92,7 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
         first = first and role not in ("embedding", "head")
         n = t.shape[-1] if role == "head-bias" else t.shape[0]
         found[name] = VocabTensor(name, role, n, t.shape, tied_to=ckpt.tied.get(name))
+    found.update(_head_columns(ckpt, found, rows, kept))
     found = {**_offset_tables(ckpt, found, widths, kept), **found}
     _set_offsets(ckpt, found)
     _attach_moments(ckpt, mapping, found)
@@ -99,6 +100,23 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
 
 
 EMBEDDING_LIKE = re.compile(r"embed", re.IGNORECASE)  # a table looked up by ids, whatever its prefix
+
+
+def _head_columns(ckpt: Checkpoint, found: dict[str, VocabTensor], rows: set[int],
+                  kept: dict[str, str]) -> dict[str, VocabTensor]:
+    """A (k, rows) matrix in the module that holds a head's bias: the head's extra output columns, one per
+    token (MobileBERT's `cls.predictions.dense.weight`, (hidden - embedding_size, vocab): the logits are
+    h @ [decoder.weight.T; dense.weight]). Role "head-bias": rows on the last axis. Anywhere else such a
+    matrix stays ambiguous (`find_vocab_tensors`' note)."""
+    modules = {v.name.rpartition(".")[0] for v in found.values() if v.role == "head-bias" and len(v.shape) == 1}
+    out = {}
+    for name, t in ckpt.model.items():
+        if name in found or name in kept or not t.is_float or len(t.shape) != 2 or t.shape[1] not in rows \
+                or t.shape[0] in rows or PER_LAYER.search(name) or NOT_VOCAB_NAMES.search(name):
+            continue
+        if name.rsplit(".", 2)[0] in modules:
+            out[name] = VocabTensor(name, "head-bias", t.shape[1], t.shape)
+    return out
 
 
 def _offset_tables(ckpt: Checkpoint, found: dict[str, VocabTensor], widths: set[int],

@@ -146,6 +146,42 @@ def test_prompt_rows_the_config_states_follow_the_token_rows(tmp_path):
     assert torch.equal(new[:VOCAB], old[:VOCAB]) and torch.equal(new[VOCAB + 3:], old[VOCAB:])
 
 
+def test_head_columns_beside_a_tied_head_grow_as_columns(tmp_path):
+    """MobileBERT's logits are h @ [decoder.weight.T; dense.weight]: `cls.predictions.dense.weight` is
+    (hidden - embedding_size, vocab), one column per token, in the module that holds the head's bias. Before,
+    repair refused it (a vocab dimension not in a vocab tensor's place); now its columns and their Adam moments
+    follow the token rows: old columns bit-identical, 3 new ones, and the class's from_pretrained loads it."""
+    import transformers
+
+    config = transformers.MobileBertConfig(vocab_size=VOCAB, hidden_size=32, embedding_size=16, num_hidden_layers=1,
+                                           num_attention_heads=2, intermediate_size=32, true_hidden_size=32,
+                                           intra_bottleneck_size=32, num_feedforward_networks=1)
+    torch.manual_seed(0)
+    model = transformers.MobileBertForMaskedLM(config)
+    opt, sched = trainer_optimizer(model)
+    registry_step(model, opt, sched, VOCAB, seed=1)
+    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
+    report = ckptfix.inspect(str(src), tokenizer=str(grown))
+    assert "cls.predictions.dense.weight" in {v.name for v in report.vocab}
+    ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
+    fixed = transformers.MobileBertForMaskedLM.from_pretrained(tmp_path / "fixed")
+    old, new = model.cls.predictions.dense.weight.detach(), fixed.cls.predictions.dense.weight.detach()
+    assert old.shape == (16, VOCAB) and new.shape == (16, VOCAB + 3) and torch.equal(new[:, :VOCAB], old)
+    index = [n for n, p in model.named_parameters() if p.requires_grad].index("cls.predictions.dense.weight")
+    before = torch.load(src / "optimizer.pt", weights_only=True)
+    after = torch.load(tmp_path / "fixed" / "optimizer.pt", weights_only=True)
+    groups = [i for g in before["param_groups"] for i in g["params"]]
+    assert len(groups) == len(list(model.parameters()))
+    entry = next(e for e in after["state"].values() if e["exp_avg"].shape == (16, VOCAB + 3))
+    first = next(e for e in before["state"].values() if e["exp_avg"].shape == (16, VOCAB))
+    assert index >= 0 and torch.equal(entry["exp_avg"][:, :VOCAB], first["exp_avg"])
+    assert torch.equal(entry["exp_avg_sq"][:, :VOCAB], first["exp_avg_sq"])
+    opt2, sched2 = trainer_optimizer(fixed, like=model)
+    opt2.load_state_dict(after)
+    assert torch.isfinite(torch.tensor(registry_step(fixed, opt2, sched2, VOCAB + 3, seed=2)))
+
+
 def test_converted_key_layout_is_a_warning_not_a_count_error(tmp_path):
     """GTE: transformers 5 saves q/k/v and gate/up fused (31 tensors) while the optimizer holds the class's 41
     parameters: CKF205 (a warning naming the converted layout), not CKF202; a torch.save file with the same

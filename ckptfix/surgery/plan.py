@@ -62,7 +62,7 @@ class TensorEdit:
 
     @property
     def new_shape(self) -> tuple[int, ...]:
-        if self.role == "head-bias" and len(self.source.shape) == 2:  # final_logits_bias is (1, vocab)
+        if self.role == "head-bias" and len(self.source.shape) == 2:  # final_logits_bias (1, vocab), head columns
             return (self.source.shape[0], self.plan.new_rows)
         return (self.plan.new_rows, *self.source.shape[1:])
 
@@ -73,12 +73,12 @@ class TensorEdit:
         if keep is not None and not (self.role == "head-bias" and len(self.source.shape) == 2):
             return self._produce_prefix(keep, init, std, rng)
         old = self.source.read_stored()
-        transposed = self.role == "head-bias" and old.ndim == 2
+        transposed = self.role == "head-bias" and old.ndim == 2  # (k, vocab): final_logits_bias, head columns
         if transposed:
-            old = old.reshape(-1)
+            old = np.ascontiguousarray(old.T)
         fill = self.new_values(old, init, std, rng)
         out = apply_plan(old, self.plan, fill)
-        return out.reshape(self.new_shape) if transposed else out
+        return np.ascontiguousarray(out.reshape(self.new_shape[::-1]).T) if transposed else out
 
     def new_values(self, rows: np.ndarray, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
         """The new rows' values as stored, from the old rows `rows` (as stored); computed once per edit, so

@@ -165,7 +165,7 @@ def column_stats(rows: np.ndarray, dtype: str, variance: bool = True) -> tuple[n
     total, squares = np.zeros(flat_width), np.zeros(flat_width) if variance else None
     step = max(1, (1 << 21) // max(1, flat_width))
     for lo in range(0, rows.shape[0], step):
-        block = widen_stored(rows[lo:lo + step], dtype).reshape(-1, flat_width)
+        block = widen_stored(rows[lo:lo + step], dtype).reshape(min(step, rows.shape[0] - lo), flat_width)
         if squares is None:
             total += block.sum(axis=0, dtype=np.float64)  # widened inside the reduction, no float64 copy
             continue
