@@ -182,6 +182,24 @@ def test_head_columns_beside_a_tied_head_grow_as_columns(tmp_path):
     assert torch.isfinite(torch.tensor(registry_step(fixed, opt2, sched2, VOCAB + 3, seed=2)))
 
 
+def test_rows_past_the_recorded_size_without_a_head_are_a_warning_and_a_refusal(tmp_path):
+    """MllamaModel (no head) has vocab_size + 8 embedding rows: at its own tokenizer's size that is CKF107, a
+    warning naming both readings (the class's own rows, or a config left at an old size), not the false CKF102
+    and CKF115 errors it was; after added tokens inspect has errors and repair refuses (exit 2), since which
+    rows are tokens is not recorded anywhere in the folder."""
+    model = build_registry_model("mllama", "MllamaModel", VOCAB)
+    opt, sched = trainer_optimizer(model)
+    registry_step(model, opt, sched, VOCAB, seed=1)
+    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    same = ckptfix.inspect(str(src), tokenizer=str(word_level_tokenizer(tmp_path / "same.json", VOCAB)))
+    assert [f.code for f in same.findings if f.severity != "info"] == ["CKF107"]
+    grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
+    assert any(f.severity == "error" for f in ckptfix.inspect(str(src), tokenizer=str(grown)).findings)
+    with pytest.raises(ckptfix.CkptfixError):
+        ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
+    assert not (tmp_path / "fixed").exists()
+
+
 def test_converted_key_layout_is_a_warning_not_a_count_error(tmp_path):
     """GTE: transformers 5 saves q/k/v and gate/up fused (31 tensors) while the optimizer holds the class's 41
     parameters: CKF205 (a warning naming the converted layout), not CKF202; a torch.save file with the same

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from ckptfix.checks.codes import Context, Finding, check, finding
+from ckptfix.checks.vocab import rows_past_recorded
 from ckptfix.recorded import disagreeing, find_recorded
 
 
@@ -13,7 +14,7 @@ from ckptfix.recorded import disagreeing, find_recorded
        "litgpt padded_vocab_size) is not the rows of its vocab tensors: the model rebuilt from it cannot load them.")
 def recorded_size(ctx: Context) -> Iterator[Finding]:
     rows = {v.token_rows for v in ctx.vocab if v.role in ("embedding", "head")}
-    if not rows:
+    if not rows or rows_past_recorded(ctx) is not None:  # CKF107 says it, as a warning
         return
     wrong = disagreeing(find_recorded(ctx.ckpt.extras), rows)
     if not wrong:

@@ -7,15 +7,49 @@ from typing import Iterator
 from ckptfix.checks.codes import Context, Finding, check, finding
 from ckptfix.fit import Fit, fit_rows
 from ckptfix.recorded import megatron_padding, recorded_rows
-from ckptfix.vocab import VocabTensor
+from ckptfix.vocab import MAX_OFFSET, VocabTensor
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
                 "{tokens} tokens, even with strict=False; Optimizer.load_state_dict would accept the "
                 "{rows}-row moments silently and step() then fails with 'The size of tensor a ... must match'.")
 
 
+def rows_past_recorded(ctx: Context) -> tuple[VocabTensor, int] | None:
+    """(embedding, recorded LM size) when the only embedding has a few rows (<= MAX_OFFSET) past the size the
+    config records, no head tells whether they are the model's own (MllamaModel: vocab_size + 8 image rows,
+    and no head to hold vocab_size) or the config was left at an old size, and the tokenizer (if given) has
+    exactly the recorded size. Then the rows are a warning (CKF107), not a mismatch."""
+    embeds = [v for v in ctx.vocab if v.role == "embedding" and v.tied_to is None]
+    if len(embeds) != 1 or embeds[0].offset or any(v.role == "head" and v.tied_to is None for v in ctx.vocab):
+        return None
+    recorded = recorded_rows(ctx.ckpt.extras)
+    lm = [r for r in recorded if 0 < embeds[0].rows - r <= MAX_OFFSET]
+    if len(recorded) != 1 or not lm or (ctx.tokenizer is not None and ctx.tokenizer.size != lm[0]):
+        return None
+    return embeds[0], lm[0]
+
+
+@check("CKF107", "warning", "rows past the recorded vocab size, no head to tell whose",
+       "An embedding a few rows above the vocab_size its config records, in a model with no head (a base "
+       "model): rows the model class adds past its vocab (MllamaModel's 8 image rows) or a config left at an "
+       "old size. The tokenizer matches the recorded size.")
+def rows_past_recorded_size(ctx: Context) -> Iterator[Finding]:
+    found = rows_past_recorded(ctx)
+    if found is None:
+        return
+    v, lm = found
+    yield finding(
+        "CKF107", f"{v.name} has {v.rows} rows, {v.rows - lm} past the recorded vocab size {lm}"
+        f"{' (the tokenizer has ' + str(lm) + ' tokens)' if ctx.tokenizer is not None else ''}; with no head, "
+        "ckptfix cannot tell the model's own rows from a config left at an old size",
+        pytorch=f"from_pretrained builds the class from vocab_size={lm}: it loads if the class adds those rows "
+        f"itself (MllamaModel: vocab_size + 8), and raises 'size mismatch for {v.name}' if it does not.",
+        fix=f"If the class adds them, nothing to do; if not, set the recorded vocab size to {v.rows}. repair "
+        "refuses to grow this vocab (which rows are tokens is not recorded).", tensors=[v.name])
+
+
 def _mismatched(ctx: Context, smaller: bool):
-    if ctx.tokenizer is None:
+    if ctx.tokenizer is None or (not smaller and rows_past_recorded(ctx) is not None):
         return []
     size = ctx.tokenizer.size
     return [v for v in ctx.vocab if (v.token_rows < size if smaller else v.token_rows > size)]
