@@ -282,6 +282,40 @@ def test_inspect_cost_is_bounded_by_the_metadata(s3, tmp_path, kind):
     assert bytes_large < MAX_BYTES and bytes_small < MAX_BYTES, costs
 
 
+def _sharded_dcp(folder: Path, monkeypatch, rows: int, width: int) -> Path:
+    """bench/sharded.py's 8-rank FSDP save (model + AdamW moments, each tensor in 8 pieces), small."""
+    import bench.sharded as sharded
+
+    monkeypatch.setattr(sharded, "ROWS", rows)
+    monkeypatch.setattr(sharded, "WIDTH", width)
+    sharded.build_dcp(str(folder), 0.01)
+    return folder
+
+
+def test_sharded_dcp_inspect_opens_no_piece_and_repairs_alike(s3, tmp_path, monkeypatch):
+    """An 8-rank save with pieces past 8 KB: inspect from s3:// reads .metadata and the small records (the
+    steps), never a piece (a request each: 200 for the 2 GB bench, before), and says so; otherwise the report
+    is the local one. Repair reads the pieces it needs and writes what the local repair writes."""
+    from bench.sharded import build_tokenizer
+
+    path = _sharded_dcp(tmp_path / "step-9", monkeypatch, 1024, 256)  # pieces of 32 and 128 KB
+    items = len([k for k in __import__("pickle").load(open(path / ".metadata", "rb")).storage_data])
+    s3.upload(str(path), s3.url("fsdp/step-9"))
+    requests, nbytes, there = _cost(s3, "inspect", s3.url("fsdp/step-9"))
+    here = run("inspect", path)
+    note = [line for line in there.stdout.splitlines() if "object storage:" in line]
+    assert len(note) == 1 and "were not opened" in note[0]
+    assert [x for x in there.stdout.splitlines() if x not in note] == \
+        _as_url(here.stdout, path, s3.url("fsdp/step-9")).splitlines()
+    print(f"inspect: {requests} requests, {nbytes:,} B for {items} records")
+    assert requests < 20 < items and nbytes < 256 * 1024, (requests, nbytes, items)  # the steps: one each
+    tok = tmp_path / "tok.json"
+    build_tokenizer(str(tok), 1024 + 8)
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    _repairs_alike(s3, path, s3.url("fsdp/step-9"), tok, tmp_path)
+
+
 # --- repair from s3:// into a local OUT ----------------------------------------------------------------
 
 def _normal_record(record: dict) -> dict:
