@@ -385,6 +385,9 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
     folder = remote.local_path(url)
     mirror = remote.mirror_of(folder)
     if mirror is None or not os.path.isdir(folder):
+        # one object: the local repair's own refusal of its format (read, nothing written), so an s3:// file
+        # is refused with the line its local copy gets; the line below only if that ever let one through
+        repair_in_place(folder, tokenizer, None, **{**options, "dry_run": True})
         raise RepairError(f"{remote._shown_url(url)}: --in-place needs a prefix (a DCP, Megatron or sharded "
                           "safetensors folder), not one object")
     before = _inodes(folder)

@@ -351,6 +351,9 @@ def _same_tree(a, b, where: str) -> None:
             _same_tree(x, y, f"{where}[{i}]")
     elif type(a).__name__ == "ndarray":  # an rng state's numpy arrays (Composer's, loaded with weights_only=False)
         assert type(b) is type(a) and a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), where
+    elif type(a).__eq__ is object.__eq__ and hasattr(a, "__dict__"):  # a framework's object (DeepSpeed's loss scaler)
+        assert type(b) is type(a), where
+        _same_tree(vars(a), vars(b), f"{where}.")
     else:
         assert a == b or (a != a and b != b), where
 
