@@ -308,9 +308,9 @@ def _refuses(name: str) -> bool:
 @pytest.mark.parametrize("name", _formats())
 def test_inspect_from_s3_equals_local(s3, built, name):
     local, url, tok = _uploaded(s3, built, name)
-    for as_json in ([], ["--json"]):
-        here = run("inspect", local, "--tokenizer", tok, "--scan", *as_json)
-        there = run("inspect", url, "--tokenizer", tok, "--scan", *as_json)
+    for flags in ([], ["--json"], ["--scan"], ["--scan", "--json"]):  # metadata only, then every tensor byte
+        here = run("inspect", local, "--tokenizer", tok, *flags)
+        there = run("inspect", url, "--tokenizer", tok, *flags)
         assert here.exit_code == there.exit_code, (here, there)
         assert there.stderr == _as_remote(here.stderr, local, url, tok)
         assert there.stdout == _as_remote(here.stdout, local, url, tok), there.stdout
