@@ -34,7 +34,7 @@ ENCODER_VOCAB_KEYS = ("src_vocab_size", "vocab_size")
 # with the rows when it equals them, but too generic a name to be the fit rule's evidence or CKF115's subject.
 FOLLOW_KEYS = ("vocab",)
 # transformers' `get_text_config(decoder=True)` names, in its order: the sub-config the text model is built from
-TEXT_CONFIG_KEYS = ("decoder", "generator", "text_config")
+TEXT_CONFIG_KEYS = ("decoder", "generator", "text_config", "text_encoder")
 _MAX_DEPTH = 8  # configs nest a few levels (Composer: state.integrations.huggingface.model.config.content)
 
 
@@ -99,9 +99,11 @@ def _is_sub_config(key: Any, value: dict) -> bool:
 def text_config_key(node: dict) -> str | None:
     """The key of the sub-config a composite HF config builds its text model from (`get_text_config(decoder=True)`),
     when it records a vocab size; None for a flat config, or when several candidates make it ambiguous (as
-    transformers itself raises), and then every size in it is taken as the LM's."""
+    transformers itself raises), and then every size in it is taken as the LM's. A decoder over audio
+    codebooks (`num_codebooks`: MusicGen's, its vocab_size the codebook's 2048) is not a text model: there the
+    text vocabulary is the `text_encoder`'s (T5's, the processor's tokenizer), and the codes are separate."""
     keys = [k for k in TEXT_CONFIG_KEYS if isinstance(node.get(k), dict)
-            and any(v in node[k] for v in VOCAB_KEYS)]
+            and any(v in node[k] for v in VOCAB_KEYS) and "num_codebooks" not in node[k]]
     return keys[0] if len(keys) == 1 else None
 
 
