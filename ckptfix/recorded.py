@@ -212,3 +212,25 @@ def apply(tree: Any, changes: dict[tuple, int]) -> Any:
             node = copy
         node[path[-1]] = value
     return out
+
+
+def model_token_ids(extras: dict[str, Any]) -> set[int]:
+    """Token ids a config names as the model's own (`image_token_index`, `boi_token_id`, ...: keys ending
+    in `_token_index` or `_token_id`, a list of them too), anywhere in the non-tensor parts."""
+    out: set[int] = set()
+    stack: list[tuple[Any, int]] = [(extras, 0)]
+    seen: set[int] = set()
+    while stack and len(seen) < 10_000:
+        node, depth = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen or depth > _MAX_DEPTH:
+            continue
+        seen.add(id(node))
+        for key, value in node.items():
+            if isinstance(key, str) and key.endswith(("_token_index", "_token_id", "_token_ids")):
+                for v in value if isinstance(value, list) else [value]:
+                    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                        out.add(v)
+            elif isinstance(value, dict):
+                stack.append((value, depth + 1))
+    return out
+
