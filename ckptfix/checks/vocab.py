@@ -88,6 +88,22 @@ def own_tokens_in_model_rows(ctx: Context) -> Iterator[Finding]:
         "them (they are placeholders, not labels).", fix="Nothing to do.", tensors=[e.name])
 
 
+@check("CKF109", "warning", "no vocab tensor found to compare with the tokenizer",
+       "A tokenizer was given but no tensor of the model was recognised as its vocabulary's (a layout ckptfix does "
+       "not know, e.g. an embedding saved split in two): nothing was compared, which is not a clean result.")
+def no_vocab_tensor(ctx: Context) -> Iterator[Finding]:
+    if ctx.tokenizer is None or ctx.vocab or not ctx.ckpt.model:
+        return
+    recorded = sorted(recorded_rows(ctx.ckpt.extras))
+    said = f"; the checkpoint records a vocab size of {'/'.join(map(str, recorded))}" if recorded else ""
+    yield finding(
+        "CKF109", f"no tensor of the model's {len(ctx.ckpt.model)} was recognised as a vocab tensor: the "
+        f"tokenizer's {ctx.tokenizer.size} tokens were compared with nothing{said}",
+        pytorch="Unknown: ckptfix did not find which tensors the token ids index.",
+        fix="Check the embedding's rows with the model's own loader; repair refuses (exit 2) a checkpoint "
+        "whose vocab tensors it cannot find.", tensors=[])
+
+
 @check("CKF101", "error", "vocab rows fewer than the tokenizer",
        "Embedding/head rows < tokenizer size: token ids past the last row cannot be looked up.")
 def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
