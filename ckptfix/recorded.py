@@ -233,4 +233,3 @@ def model_token_ids(extras: dict[str, Any]) -> set[int]:
             elif isinstance(value, dict):
                 stack.append((value, depth + 1))
     return out
-

@@ -74,11 +74,13 @@ class TensorEdit:
             return self._produce_prefix(keep, init, std, rng)
         old = self.source.read_stored()
         transposed = self.role == "head-bias" and old.ndim == 2  # (k, vocab): final_logits_bias, head columns
-        if transposed:
-            old = np.ascontiguousarray(old.T)
+        if transposed:  # a (1, vocab) bias as the 1-D bias it is; k columns per token as k-wide rows
+            old = old.reshape(-1) if old.shape[0] == 1 else np.ascontiguousarray(old.T)
         fill = self.new_values(old, init, std, rng)
         out = apply_plan(old, self.plan, fill)
-        return np.ascontiguousarray(out.reshape(self.new_shape[::-1]).T) if transposed else out
+        if not transposed:
+            return out
+        return out.reshape(self.new_shape) if out.ndim == 1 else np.ascontiguousarray(out.T)
 
     def new_values(self, rows: np.ndarray, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
         """The new rows' values as stored, from the old rows `rows` (as stored); computed once per edit, so
