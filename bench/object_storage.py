@@ -18,7 +18,7 @@ to the server:
 The server keeps objects in memory and temporary files: about 2-3x --gb of disk and memory at the peak.
 It prints each measurement and a markdown table (the README's). Everything is deleted at the end.
 
-    python bench/object_storage.py --gb 2
+    python bench/object_storage.py --gb 2 [--inspect-only]
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def delete_prefix(bucket: Bucket, prefix: str) -> None:
         bucket.client.delete_object(Bucket=bucket.name, Key=prefix + key)
 
 
-def bench_one(bucket: Bucket, fmt: str, local: str, tok: str) -> list[dict]:
+def bench_one(bucket: Bucket, fmt: str, local: str, tok: str, only_inspect: bool = False) -> list[dict]:
     size = folder_bytes(local)
     prefix = f"{fmt}/step/"
     start = time.perf_counter()
@@ -82,6 +82,11 @@ def bench_one(bucket: Bucket, fmt: str, local: str, tok: str) -> list[dict]:
     url = bucket.url(prefix.rstrip("/"))
     rows = [measure(bucket, "inspect", lambda: ckptfix("inspect", url)),
             measure(bucket, "inspect -t TOK", lambda: ckptfix("inspect", url, "-t", tok))]
+    if only_inspect:
+        delete_prefix(bucket, prefix)
+        for row in rows:
+            row["format"], row["size"] = fmt, size
+        return rows
     rows.append(measure(bucket, "repair -o s3://", lambda: ckptfix("repair", url, "-t", tok, "-o", url + "-fixed")))
     delete_prefix(bucket, f"{fmt}/step-fixed/")
     rows.append(measure(bucket, "copy every object", lambda: copy_prefix(bucket, prefix, f"{fmt}/copy/")))
@@ -112,6 +117,7 @@ def main() -> None:
     parser.add_argument("--gb", type=float, default=2.0)
     parser.add_argument("--formats", default="dcp")
     parser.add_argument("--root", default="/tmp/ckptfix-bench-s3")
+    parser.add_argument("--inspect-only", action="store_true", help="measure the two inspect rows only")
     args = parser.parse_args()
     if os.path.exists(args.root):
         raise SystemExit(f"{args.root} exists; remove it or pass --root")
@@ -130,7 +136,7 @@ def main() -> None:
         for fmt in args.formats.split(","):
             local = os.path.join(args.root, fmt)
             (build_dcp if fmt == "dcp" else build_hf)(local, args.gb)
-            rows += bench_one(bucket, fmt, local, tok)
+            rows += bench_one(bucket, fmt, local, tok, args.inspect_only)
             print()
             print(table(rows), flush=True)
     finally:

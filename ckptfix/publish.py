@@ -115,13 +115,14 @@ class Published:
                 f"{self.copied:,} bytes copied inside the store")
 
 
+def is_switch(rel: str) -> bool:
+    base = posixpath.basename(rel)
+    return base in SWITCH_NAMES or base.endswith(".index.json")
+
+
 def switch_last(names: list[str]) -> list[str]:
     """Upload order: data first, then the switch objects, the deepest first (Megatron's `iter_N/.metadata`
     before its tracker), a folder's own index/config last of all."""
-    def is_switch(rel: str) -> bool:
-        base = posixpath.basename(rel)
-        return base in SWITCH_NAMES or base.endswith(".index.json")
-
     data = sorted(n for n in names if not is_switch(n))
     switches = sorted((n for n in names if is_switch(n)), key=lambda n: (-n.count("/"), n))
     return data + switches
@@ -147,7 +148,9 @@ def publish(staged: str, out_url: str, provenance: Provenance | None = None) -> 
         plan = [(staged, root)]
     done = Published()
     try:
-        for local, key in plan:
+        for i, (local, key) in enumerate(plan):
+            if is_switch(key) and not is_switch(plan[i - 1][1]) and i > 0:
+                _confirm_sizes(fs, root, plan[:i])  # before the first switch object: what a loader will read
             _upload(fs, local, key, provenance.copies_of(local) if provenance is not None else [], done)
             done.objects.append(key)
     except BaseException as exc:
@@ -158,6 +161,18 @@ def publish(staged: str, out_url: str, provenance: Provenance | None = None) -> 
     finally:
         fs.invalidate_cache()
     return done
+
+
+def _confirm_sizes(fs: Any, root: str, uploaded: list[tuple[str, str]]) -> None:
+    """One listing of OUT before any switch object is written: every data object there, at the size staged
+    (a store that dropped or cut an upload without an error must not get a checkpoint that names it)."""
+    fs.invalidate_cache()
+    listed = {str(k).rstrip("/"): int(v.get("size") or 0) for k, v in fs.find(root, detail=True).items()}
+    for local, key in uploaded:
+        want, got = os.path.getsize(local), listed.get(key.rstrip("/"))
+        if got != want:
+            raise RepairError(f"{key}: the store lists {'no object' if got is None else f'{got:,} bytes'} after "
+                              f"the upload of {want:,}; the switch objects were not written, nothing is published")
 
 
 def _take_back(fs: Any, keys: list[str]) -> None:
@@ -414,6 +429,8 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
     try:  # interrupted: the old switch object still stands; `ckptfix restore URL` removes what was added
         for name in order:
             local, key = os.path.join(folder, *name.split("/")), f"{root}/{name}"
+            if name == switch:  # every object the new switch object names is there, at its size
+                _confirm_sizes(fs, root, [(os.path.join(folder, *n.split("/")), f"{root}/{n}") for n in order[:-1]])
             moved_from = old_by_inode.get(after[name])
             if moved_from is not None and moved_from != name:
                 fs.copy(f"{root}/{moved_from}", key)  # a backup moved aside: the old object, copied in the store
@@ -421,6 +438,8 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
             else:
                 _upload(fs, local, key, provenance.copies_of(local), done)
             done.objects.append(key)
+    except RepairError:
+        raise
     except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
         raise remote.storage_error(mirror.url, exc) from None
     finally:

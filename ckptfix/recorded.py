@@ -34,7 +34,7 @@ ENCODER_VOCAB_KEYS = ("src_vocab_size", "vocab_size")
 # with the rows when it equals them, but too generic a name to be the fit rule's evidence or CKF115's subject.
 FOLLOW_KEYS = ("vocab",)
 # transformers' `get_text_config(decoder=True)` names, in its order: the sub-config the text model is built from
-TEXT_CONFIG_KEYS = ("decoder", "generator", "text_config")
+TEXT_CONFIG_KEYS = ("decoder", "generator", "text_config", "text_encoder")
 _MAX_DEPTH = 8  # configs nest a few levels (Composer: state.integrations.huggingface.model.config.content)
 
 
@@ -99,9 +99,11 @@ def _is_sub_config(key: Any, value: dict) -> bool:
 def text_config_key(node: dict) -> str | None:
     """The key of the sub-config a composite HF config builds its text model from (`get_text_config(decoder=True)`),
     when it records a vocab size; None for a flat config, or when several candidates make it ambiguous (as
-    transformers itself raises), and then every size in it is taken as the LM's."""
+    transformers itself raises), and then every size in it is taken as the LM's. A decoder over audio
+    codebooks (`num_codebooks`: MusicGen's, its vocab_size the codebook's 2048) is not a text model: there the
+    text vocabulary is the `text_encoder`'s (T5's, the processor's tokenizer), and the codes are separate."""
     keys = [k for k in TEXT_CONFIG_KEYS if isinstance(node.get(k), dict)
-            and any(v in node[k] for v in VOCAB_KEYS)]
+            and any(v in node[k] for v in VOCAB_KEYS) and "num_codebooks" not in node[k]]
     return keys[0] if len(keys) == 1 else None
 
 
@@ -209,4 +211,25 @@ def apply(tree: Any, changes: dict[tuple, int]) -> Any:
             node[key] = copy
             node = copy
         node[path[-1]] = value
+    return out
+
+
+def model_token_ids(extras: dict[str, Any]) -> set[int]:
+    """Token ids a config names as the model's own (`image_token_index`, `boi_token_id`, ...: keys ending
+    in `_token_index` or `_token_id`, a list of them too), anywhere in the non-tensor parts."""
+    out: set[int] = set()
+    stack: list[tuple[Any, int]] = [(extras, 0)]
+    seen: set[int] = set()
+    while stack and len(seen) < 10_000:
+        node, depth = stack.pop()
+        if not isinstance(node, dict) or id(node) in seen or depth > _MAX_DEPTH:
+            continue
+        seen.add(id(node))
+        for key, value in node.items():
+            if isinstance(key, str) and key.endswith(("_token_index", "_token_id", "_token_ids")):
+                for v in value if isinstance(value, list) else [value]:
+                    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+                        out.add(v)
+            elif isinstance(value, dict):
+                stack.append((value, depth + 1))
     return out

@@ -208,10 +208,13 @@ def stated_offsets(extras: dict[str, Any], lm: int) -> set[int]:
         node: Any = extras
         for key in r.path[:-1]:
             node = node[key]
-        ints = [(str(k).split("_")[0], v) for k, v in list(node.items())[:512]
-                if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 32]
-        out.update(a * b for i, (word, a) in enumerate(ints) for other, b in ints[i + 1:]
-                   if word == other and word not in _GENERIC_WORDS and a * b > MAX_OFFSET)
+        by_word: dict[str, list[int]] = {}
+        for k, v in list(node.items())[:512]:
+            if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 32:
+                by_word.setdefault(k.split("_")[0], []).append(v)
+        for word, ints in by_word.items():
+            if word not in _GENERIC_WORDS and len(ints) <= 16:  # a few fields about one thing
+                out.update(a * b for i, a in enumerate(ints) for b in ints[i + 1:] if a * b > MAX_OFFSET)
     return out
 
 

@@ -228,7 +228,9 @@ REGISTRY_FAST = [("image-text-to-text", "llava"), ("image-text-to-text", "qwen2_
                  ("pretraining", "colpali"), ("base", "llava"),
                  # this round's: prompt rows the config states, without a head (base CPM-Ant); a VQ codebook
                  # in a non-text sub-config (GLM-Image's vq_config.num_embeddings): a separate vocabulary
-                 ("base", "cpmant"), ("base", "glm_image")]
+                 ("base", "cpmant"), ("base", "glm_image"),
+                 # a decoder over audio codebooks beside a T5 text encoder (the tokenizer's vocabulary)
+                 ("text-to-waveform", "musicgen")]
 ADDED = ["<video>", "<box>", "<ref>"]
 MAX_PARAMS = 30_000_000
 CLASS_SECONDS = 240  # a class slower than this on a shared CPU is reported skipped, not waited for  # "tiny": what a 2-core CI runner trains two steps of in seconds
@@ -261,16 +263,16 @@ def registry_classes(registry: str) -> list[tuple[str, str]]:
     return out
 
 
-def tiny_config(model_type: str, vocab: int) -> Any:
+def tiny_config(model_type: str, vocab: int, path: list[str] | None = None) -> Any:
     """The model type's own config class, every size shrunk by attribute name (sub-configs too), and the LM
-    vocabulary (the sub-config `get_text_config(decoder=True)` returns) set to `vocab`."""
+    vocabulary (the sub-config `get_text_config(decoder=True)` returns, or `path`) set to `vocab`."""
     import transformers
 
     config_cls = transformers.CONFIG_MAPPING[model_type]
     base = config_cls()
     d = _shrink(base.to_dict())
     target = d
-    for key in _text_path(base):
+    for key in (_text_path(base) if path is None else path):
         target = target[key]
     target["vocab_size"] = vocab
     if "decoder_vocab_size" in target:  # a flat encoder-decoder's decoder size (get_text_config's decoder_ prefix)
@@ -353,14 +355,33 @@ def _ids_below(d: dict, vocab: int) -> None:
 
 
 def build_registry_model(model_type: str, class_name: str, vocab: int, seed: int = 0) -> torch.nn.Module:
+    """The class built tiny. Where its input embedding is another sub-config's vocabulary than the one
+    `get_text_config(decoder=True)` names (MusicGen: that is the decoder's audio codebook, while the input
+    embedding and the processor's tokenizer are the T5 text encoder's), the vocabulary set to `vocab` is the
+    input embedding's: the class's own answer to which vocabulary its tokenizer indexes."""
     import transformers
 
     cls = getattr(transformers, class_name)
-    config = tiny_config(model_type, vocab)
-    torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return cls(config)
+        model = cls(tiny_config(model_type, vocab))
+        embed = model.get_input_embeddings()
+        rows = getattr(embed, "num_embeddings", None)
+        path = _vocab_path_with(model.config.to_dict(), rows) if rows and not vocab <= rows <= vocab + 256 else None
+        if path:
+            LM_PATHS[class_name] = ".".join([*path, "vocab_size"])
+        torch.manual_seed(seed)
+        return cls(tiny_config(model_type, vocab, path))
+
+
+#: class name -> the config path of its tokenizer's vocabulary, where that is not get_text_config's
+LM_PATHS: dict[str, str] = {}
+
+
+def _vocab_path_with(config: dict, rows: int) -> list[str] | None:
+    """The one sub-config (one level down) whose vocab_size is `rows`."""
+    found = [k for k, v in config.items() if isinstance(v, dict) and v.get("vocab_size") == rows]
+    return found if len(found) == 1 else None
 
 
 def trainer_optimizer(model: torch.nn.Module, like: torch.nn.Module | None = None) -> tuple[torch.optim.Optimizer, Any]:
@@ -430,7 +451,7 @@ def _grown_with_vocab(model: torch.nn.Module) -> set[str]:
     import copy
 
     config = copy.deepcopy(model.config)
-    *path, key = _lm_vocab_path(config).split(".")
+    *path, key = _lm_vocab_path(config, type(model).__name__).split(".")
     text = config
     for part in path:
         text = getattr(text, part)
@@ -479,8 +500,12 @@ def _check_registry_class(registry: str, model_type: str, class_name: str, folde
         if params > MAX_PARAMS:
             out.skipped = f"{params / 1e6:.0f}M parameters after shrinking"
             return out
-        if model.get_input_embeddings() is None:
+        embed = model.get_input_embeddings()
+        if embed is None:
             out.skipped = "no input embedding"
+            return out
+        if isinstance(embed, torch.nn.ModuleList):
+            out.skipped = f"its input embedding is {len(embed)} per-codebook tables (audio codes): no text vocabulary"
             return out
         opt, sched = trainer_optimizer(model)
         for seed in (1, 2):
@@ -567,7 +592,7 @@ def _check_folder(model: torch.nn.Module, src: Path, folder: Path) -> str:
     info = _loading_info(type(model), fixed)
     if info:
         return f"from_pretrained of the repaired folder: {info}"
-    problems = _compare(src, fixed, saved, load_file, _lm_vocab_path(model.config))
+    problems = _compare(src, fixed, saved, load_file, _lm_vocab_path(model.config, type(model).__name__))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         resumed = type(model).from_pretrained(fixed)
@@ -595,9 +620,12 @@ def _safetensors(folder: Path, load_file: Any) -> dict[str, torch.Tensor]:
     return out
 
 
-def _lm_vocab_path(config: Any) -> str:
+def _lm_vocab_path(config: Any, class_name: str = "") -> str:
     """Where config.json records the LM's vocab size: the `get_text_config(decoder=True)` sub-config's
-    `vocab_size`, spelled as the class stores it (FSMT's attribute_map: `tgt_vocab_size`)."""
+    `vocab_size`, spelled as the class stores it (FSMT's attribute_map: `tgt_vocab_size`); or the input
+    embedding's (`LM_PATHS`, where `build_registry_model` found it is another sub-config's)."""
+    if class_name in LM_PATHS:
+        return LM_PATHS[class_name]
     path = _text_path(config)
     text = config
     for key in path:

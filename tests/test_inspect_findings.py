@@ -21,6 +21,7 @@ from ckpt_factory import TinyLM, lm_loss, make_batches, new_run, save_checkpoint
 from tokenizer_factory import train_bpe_tokenizer_json, train_sentencepiece
 from torch import nn
 
+import ckptfix
 from ckptfix.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -608,3 +609,15 @@ def test_fixtures_regenerate_identically(tmp_path):
             for f in d["findings"]:
                 f.pop("fix")
         assert a == b, name
+
+
+def test_a_tokenizer_compared_with_no_vocab_tensor_is_said(tmp_path):
+    """A tokenizer given, but no tensor recognised as the vocabulary's (Molmo2's embedding, which transformers 5
+    saves split in two tensors): before, the report had no vocab line and no finding, as if all were clear."""
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 8))
+    torch.save({"model": model.state_dict(), "config": {"vocab_size": 40}}, tmp_path / "ckpt.pth")
+    tok = train_bpe_tokenizer_json(tmp_path, 60, name="tok.json")
+    report = ckptfix.inspect(str(tmp_path / "ckpt.pth"), tokenizer=str(tok))
+    (found,) = [f for f in report.findings if f.code == "CKF109"]
+    assert found.severity == "warning" and "compared with nothing" in found.message and "40" in found.message
+    assert "CKF109" not in {f.code for f in ckptfix.inspect(str(tmp_path / "ckpt.pth")).findings}

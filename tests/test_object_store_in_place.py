@@ -148,6 +148,31 @@ def test_dcp_in_place_on_s3_uploads_only_the_change_and_restore_puts_it_back(s3,
     assert {k: s3.read(s3.url(f"run/step2/{k}")) for k in s3.keys(s3.url("run/step2/"))} == original
 
 
+def test_in_place_with_a_data_object_listed_short_keeps_the_old_switch(s3, tmp_path, tok64, big_dcp, monkeypatch):
+    """The in-place publish lists OUT once before the new `.metadata`: a new data object the store holds cut
+    short stops it with exit 2's line; the old `.metadata` still stands, and restore removes what was added."""
+    import ckptfix.publish as publish
+
+    s3.upload(str(big_dcp), s3.url("run/cut/"))
+    original = {k: s3.read(s3.url(f"run/cut/{k}")) for k in s3.keys(s3.url("run/cut/"))}
+    real = publish._upload
+
+    def upload_then_cut(fs, local, key, copies, done):
+        real(fs, local, key, copies, done)
+        if key.endswith(".distcp"):
+            s3.client.put_object(Bucket=s3.name, Key=key.split("/", 1)[1], Body=b"short")
+
+    monkeypatch.setattr(publish, "_upload", upload_then_cut)
+    with pytest.raises(ckptfix.CkptfixError, match="the switch objects were not written"):
+        ckptfix.repair(s3.url("run/cut"), tok64, in_place=True)
+    assert s3.read(s3.url("run/cut/.metadata")) == original[".metadata"]
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run([sys.executable, "-m", "ckptfix.cli", "restore", s3.url("run/cut")], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert {k: s3.read(s3.url(f"run/cut/{k}")) for k in s3.keys(s3.url("run/cut/"))} == original
+
+
 def test_sharded_safetensors_in_place_on_s3_and_restore(s3, tmp_path):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

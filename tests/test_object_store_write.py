@@ -176,6 +176,26 @@ def test_a_refusal_mid_publish_takes_back_what_was_uploaded(s3, tmp_path, tokeni
     assert snapshot(dcp_source) == before
 
 
+def test_a_data_object_the_store_lists_short_stops_the_switch(s3, tmp_path, tokenizers, dcp_source, monkeypatch):
+    """One listing before the first switch object: a data object the store holds at another size than staged
+    (cut by a proxy, overwritten by another writer) stops the publish before `.metadata` is written, and what
+    was uploaded is deleted."""
+    import ckptfix.publish as publish
+
+    url = s3.url("out/short")
+    real = publish._upload
+
+    def upload_then_cut(fs, local, key, copies, done):
+        real(fs, local, key, copies, done)
+        if key.endswith(".distcp") and not done.objects:  # the first data object, cut after its upload
+            s3.client.put_object(Bucket=s3.name, Key=key.split("/", 1)[1], Body=b"short")
+
+    monkeypatch.setattr(publish, "_upload", upload_then_cut)
+    with pytest.raises(CkptfixError, match=r"the store lists 5 bytes after the upload of .*nothing is published"):
+        ckptfix.repair(dcp_source, tokenizers[64], url)
+    assert s3.keys(url + "/") == []
+
+
 @pytest.mark.parametrize("what", ["dcp", "file"])
 def test_a_process_killed_mid_upload_leaves_no_checkpoint(s3, tmp_path, tokenizers, dcp_source, what):
     """The server holds the first object upload; the CLI process is killed there (SIGKILL: no cleanup). A

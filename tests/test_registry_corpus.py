@@ -200,6 +200,46 @@ def test_rows_past_the_recorded_size_without_a_head_are_a_warning_and_a_refusal(
     assert not (tmp_path / "fixed").exists()
 
 
+def test_a_real_mllama_tokenizer_image_token_keeps_its_trained_row(tmp_path):
+    """Llama 3.2 Vision's tokenizer has <|image|> at id vocab_size (image_token_index = 128256), looked up in the
+    first of the embedding's 8 rows past the vocab. Before, inspect called the healthy pair an error (CKF101: "id
+    128256 has no row"), and after added tokens repair gave <|image|> a new untrained row while its trained row
+    moved past the new tokens: the model looked images up in noise, exit 0. Now it is CKF108 (info), and repair
+    keeps the image row (and its moments) at the image id."""
+    import json
+
+    import transformers
+    from tokenizers import AddedToken, Tokenizer
+
+    model = build_registry_model("mllama", "MllamaForConditionalGeneration", VOCAB)
+    model.config.image_token_index = VOCAB
+    opt, sched = trainer_optimizer(model)
+    registry_step(model, opt, sched, VOCAB, seed=1)
+    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    tok = Tokenizer.from_file(str(src.parent / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken("<|image|>", special=True)])
+
+    def folder(name: str) -> str:
+        (tmp_path / name).mkdir()
+        tok.save(str(tmp_path / name / "tokenizer.json"))
+        (tmp_path / name / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+        return str(tmp_path / name)
+
+    real = ckptfix.inspect(str(src), tokenizer=folder("real"))
+    assert [f.code for f in real.findings if f.code != "CKF204"] == ["CKF108"]
+    tok.add_tokens(["<video>", "<box>", "<ref>"])
+    ckptfix.repair(str(src), folder("grown"), str(tmp_path / "fixed"))
+    fixed = transformers.MllamaForConditionalGeneration.from_pretrained(tmp_path / "fixed")
+    old, new = model.get_input_embeddings().weight.detach(), fixed.get_input_embeddings().weight.detach()
+    assert fixed.config.image_token_index == VOCAB and new.shape[0] == VOCAB + 4 + 8
+    assert torch.equal(new[:VOCAB + 1], old[:VOCAB + 1]) and torch.equal(new[VOCAB + 4:], old[VOCAB:])
+    after = torch.load(tmp_path / "fixed" / "optimizer.pt", weights_only=True)["state"]
+    before = torch.load(src / "optimizer.pt", weights_only=True)["state"]
+    (m,) = [e for e in after.values() if e["exp_avg"].shape == new.shape]
+    (b,) = [e for e in before.values() if e["exp_avg"].shape == old.shape]
+    assert torch.equal(m["exp_avg"][VOCAB], b["exp_avg"][VOCAB])  # the image row's history, at the image id
+
+
 def test_converted_key_layout_is_a_warning_not_a_count_error(tmp_path):
     """GTE: transformers 5 saves q/k/v and gate/up fused (31 tensors) while the optimizer holds the class's 41
     parameters: CKF205 (a warning naming the converted layout), not CKF202; a torch.save file with the same

@@ -6,7 +6,7 @@ from typing import Iterator
 
 from ckptfix.checks.codes import Context, Finding, check, finding
 from ckptfix.fit import Fit, fit_rows
-from ckptfix.recorded import megatron_padding, recorded_rows
+from ckptfix.recorded import megatron_padding, model_token_ids, recorded_rows
 from ckptfix.vocab import MAX_OFFSET, VocabTensor
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
@@ -49,10 +49,59 @@ def rows_past_recorded_size(ctx: Context) -> Iterator[Finding]:
 
 
 def _mismatched(ctx: Context, smaller: bool):
-    if ctx.tokenizer is None or (not smaller and rows_past_recorded(ctx) is not None):
+    if ctx.tokenizer is None or (not smaller and rows_past_recorded(ctx) is not None) \
+            or (smaller and own_token_rows(ctx) is not None):
         return []
     size = ctx.tokenizer.size
     return [v for v in ctx.vocab if (v.token_rows < size if smaller else v.token_rows > size)]
+
+
+def own_token_rows(ctx: Context) -> tuple[VocabTensor, list[int]] | None:
+    """(embedding, ids) when the tokenizer's ids past the LM's rows are all tokens the config names as the
+    model's own (Mllama's `<|image|>`: image_token_index = vocab_size) and fall in the rows the embedding adds
+    past the vocab: looked up there, never predicted by the head. Then they are not missing rows."""
+    if ctx.tokenizer is None:
+        return None
+    size = ctx.tokenizer.size
+    for e in ctx.vocab:
+        if e.role == "embedding" and e.offset and e.token_rows < size <= e.rows:
+            ids = list(range(e.token_rows, size))
+            if set(ids) <= model_token_ids(ctx.ckpt.extras) and all(
+                    v.token_rows == e.token_rows for v in ctx.vocab if v.role in ("embedding", "head")):
+                return e, ids
+    return None
+
+
+@check("CKF108", "info", "the model's own tokens in the embedding's own rows",
+       "Tokenizer ids past the LM's vocab size that the config names as the model's own (Mllama's <|image|> at "
+       "id vocab_size) and that index the rows the embedding adds past the vocab: not missing rows.")
+def own_tokens_in_model_rows(ctx: Context) -> Iterator[Finding]:
+    found = own_token_rows(ctx)
+    if found is None:
+        return
+    e, ids = found
+    yield finding(
+        "CKF108", f"id(s) {', '.join(map(str, ids))} of the tokenizer are past the LM's {e.token_rows} rows; the "
+        f"config names them as the model's own tokens and {e.name} has {e.offset} row(s) of its own past the vocab, "
+        "where they are looked up",
+        pytorch="The embedding looks them up in its own rows; the head has no row for them and never predicts "
+        "them (they are placeholders, not labels).", fix="Nothing to do.", tensors=[e.name])
+
+
+@check("CKF109", "warning", "no vocab tensor found to compare with the tokenizer",
+       "A tokenizer was given but no tensor of the model was recognised as its vocabulary's (a layout ckptfix does "
+       "not know, e.g. an embedding saved split in two): nothing was compared, which is not a clean result.")
+def no_vocab_tensor(ctx: Context) -> Iterator[Finding]:
+    if ctx.tokenizer is None or ctx.vocab or not ctx.ckpt.model:
+        return
+    recorded = sorted(recorded_rows(ctx.ckpt.extras))
+    said = f"; the checkpoint records a vocab size of {'/'.join(map(str, recorded))}" if recorded else ""
+    yield finding(
+        "CKF109", f"no tensor of the model's {len(ctx.ckpt.model)} was recognised as a vocab tensor: the "
+        f"tokenizer's {ctx.tokenizer.size} tokens were compared with nothing{said}",
+        pytorch="Unknown: ckptfix did not find which tensors the token ids index.",
+        fix="Check the embedding's rows with the model's own loader; repair refuses (exit 2) a checkpoint "
+        "whose vocab tensors it cannot find.", tensors=[])
 
 
 @check("CKF101", "error", "vocab rows fewer than the tokenizer",

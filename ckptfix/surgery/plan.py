@@ -25,7 +25,7 @@ from ckptfix.errors import RepairError
 from ckptfix.fit import target_rows
 from ckptfix.optim_state import Refusal, action_for, describe, state_keys, unremappable
 from ckptfix.policies import REPAIR_POLICIES, canonical
-from ckptfix.recorded import find_recorded, megatron_padding, recorded_padding, recorded_rows, updates
+from ckptfix.recorded import find_recorded, megatron_padding, model_token_ids, recorded_padding, recorded_rows, updates
 from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
 from ckptfix.surgery.pieces import piece_rows, why_no_segmenter
 from ckptfix.surgery.rows import (
@@ -74,11 +74,13 @@ class TensorEdit:
             return self._produce_prefix(keep, init, std, rng)
         old = self.source.read_stored()
         transposed = self.role == "head-bias" and old.ndim == 2  # (k, vocab): final_logits_bias, head columns
-        if transposed:
-            old = np.ascontiguousarray(old.T)
+        if transposed:  # a (1, vocab) bias as the 1-D bias it is; k columns per token as k-wide rows
+            old = old.reshape(-1) if old.shape[0] == 1 else np.ascontiguousarray(old.T)
         fill = self.new_values(old, init, std, rng)
         out = apply_plan(old, self.plan, fill)
-        return np.ascontiguousarray(out.reshape(self.new_shape[::-1]).T) if transposed else out
+        if not transposed:
+            return out
+        return out.reshape(self.new_shape) if out.ndim == 1 else np.ascontiguousarray(out.T)
 
     def new_values(self, rows: np.ndarray, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
         """The new rows' values as stored, from the old rows `rows` (as stored); computed once per edit, so
@@ -371,16 +373,23 @@ def _offset_plan(plan: RepairPlan, v: Any, lm_plan: RowPlan) -> RowPlan:
     them (`nn.Embedding(vocab_size + 8)`: ids past vocab_size reach them). So the token rows follow the LM's row
     plan and the offset rows follow them: a new token id lands on a new row, never on an image row, and the image
     rows stay the last `offset` rows; a shrink drops token rows, never the model's own."""
-    source = np.concatenate([lm_plan.source, np.arange(v.token_rows, v.rows, dtype=np.int64)])
+    token_source = lm_plan.source.copy()
+    # the model's own tokens the config names (Mllama's <|image|>, image_token_index = vocab_size), ids in the
+    # rows it adds: the id keeps the row it was looked up in, not a new one (the trained image row)
+    own = [i for i in model_token_ids(plan.ckpt.extras) if v.token_rows <= i < min(v.rows, len(token_source))
+           and token_source[i] < 0]
+    token_source[own] = own
+    source = np.concatenate([token_source, np.arange(v.token_rows, v.rows, dtype=np.int64)])
     kept = int((source == np.arange(len(source))).sum())
-    rows_plan = RowPlan(source, v.rows, kept=kept, moved=int((source >= 0).sum()) - kept, new=lm_plan.new,
+    rows_plan = RowPlan(source, v.rows, kept=kept, moved=int((source >= 0).sum()) - kept, new=lm_plan.new - len(own),
                         dropped=lm_plan.dropped, dropped_ids=list(lm_plan.dropped_ids), pieces=dict(lm_plan.pieces))
     if not rows_plan.is_identity():
         plan.notes.append(f"{v.name}: {v.rows} rows = {v.token_rows} token rows + {v.offset} rows of the model's own "
                           f"past the LM vocabulary; now {rows_plan.new_rows} = {lm_plan.new_rows} + {v.offset} (token "
                           f"rows as the LM's: {rows_plan.new} new, {rows_plan.dropped} trained row(s) dropped; the "
                           f"{v.offset} rows of the model's own moved after them, rows {lm_plan.new_rows}.."
-                          f"{rows_plan.new_rows - 1})")
+                          f"{rows_plan.new_rows - 1})" + (f"; id(s) {', '.join(map(str, own))}, the model's own "
+                          "token(s) by its config, keep the row(s) they were looked up in" if own else ""))
     return rows_plan
 
 
