@@ -6,14 +6,17 @@ to; a format added to ckptfix fails `test_every_format_has_a_builder` until it g
 string, which its tests report as a skip). For each format, against the real S3 API server of
 `tests/s3_server.py` (moto's server mode, ckptfix's whole client stack):
 
-1. `inspect` of the `s3://` copy equals `inspect` of the local one (text and `--json`, `--scan`, strict reads);
+1. `inspect` of the `s3://` copy equals `inspect` of the local one (text and `--json`, with and without
+   `--scan`, strict reads: a byte read past `remote.ensure` is 0xFF);
 2. `repair` from `s3://` into a local OUT writes what the local repair writes;
 3. `repair` of the local copy with `-o s3://...` publishes what the local repair writes (downloaded with
-   boto3, compared file by file), or refuses exactly as the local repair does;
+   boto3, compared file by file), and `s3://` to `s3://` too (the record naming the URL, unhashed);
 4. the published output loads through the framework's own fsspec path where one runs on CPU here
    (`torch.load` of an `fsspec` file, `dcp.load` with `FsspecReader`, Lightning's `cloud_io._load`, which
    `ckpt_path="s3://..."` and `Fabric.load` use; safetensors' `load` of the object's bytes), equal to the
-   local output loaded from disk.
+   local output loaded from disk;
+5. `--in-place` on the `s3://` copy leaves the objects the local in-place repair leaves in its folder.
+A format repair (or --in-place) refuses must refuse alike: same exit code, same line, nothing written.
 """
 
 from __future__ import annotations
@@ -364,8 +367,27 @@ def test_repair_to_s3_equals_local_and_loads_through_fsspec(s3, built, name, tmp
     assert here.exit_code == 0, here
     back = tmp_path / "back"
     s3.download(s3.url("out/"), str(back))
-    _same_output(tmp_path / "here", back)
+    _same_output(tmp_path / "here", back, weights_only=name != "composer")
     LOADERS.get(name, _no_loader)(s3.url(f"out/{out}"), tmp_path / "here" / out)
+
+
+@pytest.mark.parametrize("name", _formats())
+def test_repair_from_s3_to_s3_equals_local(s3, built, name, tmp_path):
+    """Both ends in the store (unchanged bytes copied inside it where large enough): the local repair's files,
+    the record naming the URL and not hashing the input."""
+    local, url, tok = _uploaded(s3, built, name)
+    out = _out_name(local)
+    (tmp_path / "here").mkdir()
+    here = run("repair", local, "-t", tok, "-o", tmp_path / "here" / out)
+    there = run("repair", url, "-t", tok, "-o", s3.url(f"out/{out}"))
+    assert here.exit_code == there.exit_code, (here, there)
+    if _refuses(name):
+        assert there.stderr == _as_remote(here.stderr, local, url, tok), (here, there)
+        assert s3.keys(s3.url("out/")) == []
+        return
+    back = tmp_path / "back"
+    s3.download(s3.url("out/"), str(back))
+    _same_output(tmp_path / "here", back, weights_only=name != "composer", unhashed=True)
 
 
 # --- 5. --in-place on s3:// ---------------------------------------------------------------------------
