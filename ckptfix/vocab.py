@@ -193,6 +193,21 @@ def _set_offsets(ckpt: Checkpoint, found: dict[str, VocabTensor]) -> None:
                 break
 
 
+def rows_past_recorded(ckpt: Checkpoint, vocab: list[VocabTensor]) -> tuple[VocabTensor, int] | None:
+    """(embedding, recorded LM size) when the only embedding has a few rows (<= MAX_OFFSET) past the one size
+    the config records and no head tells whether they are the model's own (MllamaModel: vocab_size + 8 image
+    rows, with no head to hold vocab_size) or the config was left at an old size: which rows are tokens is not
+    recorded (CKF107 in inspect; repair refuses)."""
+    embeds = [v for v in vocab if v.role == "embedding" and v.tied_to is None]
+    if len(embeds) != 1 or embeds[0].offset or any(v.role == "head" and v.tied_to is None for v in vocab):
+        return None
+    recorded = recorded_rows(ckpt.extras)
+    if len(recorded) != 1:
+        return None
+    (lm,) = recorded
+    return (embeds[0], lm) if 0 < embeds[0].rows - lm <= MAX_OFFSET else None
+
+
 _GENERIC_WORDS = {"num", "n", "max", "min", "total", "use", "is"}
 
 

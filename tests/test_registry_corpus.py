@@ -195,7 +195,7 @@ def test_rows_past_the_recorded_size_without_a_head_are_a_warning_and_a_refusal(
     assert [f.code for f in same.findings if f.severity != "info"] == ["CKF107"]
     grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
     assert any(f.severity == "error" for f in ckptfix.inspect(str(src), tokenizer=str(grown)).findings)
-    with pytest.raises(ckptfix.CkptfixError):
+    with pytest.raises(ckptfix.CkptfixError, match=r"8 past the vocab size 203 .* no head to tell"):
         ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
     assert not (tmp_path / "fixed").exists()
 
