@@ -5,7 +5,7 @@ and finding vocab tensors must not import the formats."""
 from __future__ import annotations
 
 from ckptfix.checkpoint import Checkpoint
-from ckptfix.vocab import VocabTensor, id_list, quantized_vocab_tensors, trainable_token_rows
+from ckptfix.vocab import VocabTensor, id_list, quantized_vocab_tensors, rows_past_recorded, trainable_token_rows
 
 
 def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
@@ -26,6 +26,13 @@ def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
         return (f"the PEFT adapter trains rows for token ids {id_list(ids)} of {', '.join(sorted(tokens))} "
                 "(trainable_token_indices); ckptfix does not rewrite those rows or their ids: re-create the adapter "
                 "for the new tokenizer with the new ids of those tokens")
+    past = rows_past_recorded(ckpt, vocab)
+    if past is not None:
+        v, lm = past
+        return (f"{v.name} has {v.rows} rows, {v.rows - lm} past the vocab size {lm} its config records, and the "
+                "model has no head to tell whether they are rows the class adds past its vocab (MllamaModel: "
+                "vocab_size + 8) or the config was left at an old size: which rows are tokens is not recorded, "
+                "so ckptfix does not resize it; grow it with the model's own code")
     quantized = quantized_vocab_tensors(ckpt, vocab)
     if quantized:
         return (f"{quantized[0]} is a quantized vocab tensor ({ckpt.model[quantized[0]].dtype}"

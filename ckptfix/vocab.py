@@ -27,7 +27,7 @@ MAX_OFFSET = 256  # the most rows a model class adds past its LM vocabulary that
 @dataclass
 class VocabTensor:
     name: str
-    role: str  # embedding | head | head-bias (rows on the last axis: a bias, (1, rows), (k, rows)) | vocab-sized
+    role: str  # embedding | head | head-bias (rows on the last axis: a bias, (1, rows), (k, rows)) | lookup (ids)
     rows: int
     shape: tuple[int, ...]
     tied_to: str | None = None  # the embedding this head shares storage with
@@ -93,6 +93,7 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
         n = t.shape[-1] if role == "head-bias" else t.shape[0]
         found[name] = VocabTensor(name, role, n, t.shape, tied_to=ckpt.tied.get(name))
     found.update(_head_columns(ckpt, found, rows, kept))
+    found.update(_token_lookups(ckpt, rows, kept))
     found = {**_offset_tables(ckpt, found, widths, kept), **found}
     _set_offsets(ckpt, found)
     _attach_moments(ckpt, mapping, found)
@@ -117,6 +118,19 @@ def _head_columns(ckpt: Checkpoint, found: dict[str, VocabTensor], rows: set[int
         if name.rsplit(".", 2)[0] in modules:
             out[name] = VocabTensor(name, "head-bias", t.shape[1], t.shape)
     return out
+
+
+LOOKUP_DTYPES = ("int32", "int64")  # ids, not quantized weights (int8/uint8)
+MAX_LOOKUP_WIDTH = 64
+
+
+def _token_lookups(ckpt: Checkpoint, rows: set[int], kept: dict[str, str]) -> dict[str, VocabTensor]:
+    """An integer table with the vocab's rows and a few ids per token, per layer or not: DeepSeek-V4's
+    hash-routing `tid2eid` (token id -> its top-k expert ids, in each hash-MoE layer). Role "lookup": its rows
+    follow the tokens like an embedding's; a new token's ids are drawn (`rows.drawn_ids`)."""
+    return {name: VocabTensor(name, "lookup", t.shape[0], t.shape) for name, t in ckpt.model.items()
+            if name not in kept and t.dtype in LOOKUP_DTYPES and len(t.shape) == 2 and t.shape[0] in rows
+            and 0 < t.shape[1] <= MAX_LOOKUP_WIDTH and not NOT_VOCAB_NAMES.search(name)}
 
 
 def _offset_tables(ckpt: Checkpoint, found: dict[str, VocabTensor], widths: set[int],
@@ -191,6 +205,21 @@ def _set_offsets(ckpt: Checkpoint, found: dict[str, VocabTensor]) -> None:
             if 0 < extra and ((heads and extra <= MAX_OFFSET) or extra in stated_offsets(ckpt.extras, lm)):
                 v.offset = extra
                 break
+
+
+def rows_past_recorded(ckpt: Checkpoint, vocab: list[VocabTensor]) -> tuple[VocabTensor, int] | None:
+    """(embedding, recorded LM size) when the only embedding has a few rows (<= MAX_OFFSET) past the one size
+    the config records and no head tells whether they are the model's own (MllamaModel: vocab_size + 8 image
+    rows, with no head to hold vocab_size) or the config was left at an old size: which rows are tokens is not
+    recorded (CKF107 in inspect; repair refuses)."""
+    embeds = [v for v in vocab if v.role == "embedding" and v.tied_to is None]
+    if len(embeds) != 1 or embeds[0].offset or any(v.role == "head" and v.tied_to is None for v in vocab):
+        return None
+    recorded = recorded_rows(ckpt.extras)
+    if len(recorded) != 1:
+        return None
+    (lm,) = recorded
+    return (embeds[0], lm) if 0 < embeds[0].rows - lm <= MAX_OFFSET else None
 
 
 _GENERIC_WORDS = {"num", "n", "max", "min", "total", "use", "is"}

@@ -112,16 +112,26 @@ def test_unmatched_moments_stop_repair_and_name_the_policy(tmp_path):
         ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed.pt"))
 
 
-def test_a_per_layer_token_lookup_table_is_named_and_repair_refuses(tmp_path):
+def test_a_per_layer_token_lookup_table_grows_and_a_wide_one_is_refused(tmp_path):
     """DeepSeek-V4's hash routing keeps `tid2eid` (token id -> expert ids, int64 (vocab, top_k)) in every
-    hash-MoE layer: not an accidental size (integer, the vocab's rows first), so inspect names it (CKF130) and
-    repair stops naming it (exit 2) instead of writing a folder whose tables no longer fit the vocab."""
+    hash-MoE layer: a lookup by token id (integer, the vocab's rows first, a few ids per token), so inspect names
+    it and repair grows it with the tokens (new rows: ids drawn from those the table holds). An integer table
+    with the vocab's rows that is not such a lookup (256 wide) is still named (CKF130) and refused (exit 2)."""
     state = _Custom(1000).state_dict()
-    state["layers.0.gate.tid2eid"] = torch.zeros(1000, 2, dtype=torch.long)
+    state["layers.0.gate.tid2eid"] = torch.randint(0, 8, (1000, 2))
     src = tmp_path / "ckpt.pt"
     torch.save({"model": state}, src)
     tok = word_level_tokenizer(tmp_path / "tok.json", 1010)
     report = ckptfix.inspect(str(src), tokenizer=str(tok))
+    assert "layers.0.gate.tid2eid" in {v.name for v in report.vocab if v.role == "lookup"}
+    ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed.pt"))
+    table = torch.load(tmp_path / "fixed.pt", weights_only=True)["model"]["layers.0.gate.tid2eid"]
+    assert table.shape == (1010, 2) and torch.equal(table[:1000], state["layers.0.gate.tid2eid"])
+    assert int(table[1000:].max()) < 8
+
+    state["layers.0.gate.tid2eid"] = torch.zeros(1000, 256, dtype=torch.long)
+    torch.save({"model": state}, src)
+    report = ckptfix.inspect(str(src), tokenizer=str(tok))
     assert any(f.code == "CKF130" and "tid2eid" in f.message for f in report.findings)
     with pytest.raises(CkptfixError, match="tid2eid"):
-        ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed.pt"))
+        ckptfix.repair(str(src), str(tok), str(tmp_path / "fixed2.pt"))

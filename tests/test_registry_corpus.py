@@ -195,7 +195,7 @@ def test_rows_past_the_recorded_size_without_a_head_are_a_warning_and_a_refusal(
     assert [f.code for f in same.findings if f.severity != "info"] == ["CKF107"]
     grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
     assert any(f.severity == "error" for f in ckptfix.inspect(str(src), tokenizer=str(grown)).findings)
-    with pytest.raises(ckptfix.CkptfixError):
+    with pytest.raises(ckptfix.CkptfixError, match=r"8 past the vocab size 203 .* no head to tell"):
         ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
     assert not (tmp_path / "fixed").exists()
 
@@ -238,6 +238,41 @@ def test_a_real_mllama_tokenizer_image_token_keeps_its_trained_row(tmp_path):
     (m,) = [e for e in after.values() if e["exp_avg"].shape == new.shape]
     (b,) = [e for e in before.values() if e["exp_avg"].shape == old.shape]
     assert torch.equal(m["exp_avg"][VOCAB], b["exp_avg"][VOCAB])  # the image row's history, at the image id
+
+
+def test_hash_routing_tables_grow_with_the_tokens(tmp_path):
+    """DeepSeek-V4's hash-MoE layers route by `tid2eid[input_ids]`, an int64 buffer (vocab, top_k) of expert ids.
+    Before, it was CKF130 and repair refused; now it is a lookup whose rows follow the tokens: old rows kept, each
+    new token gets top_k distinct expert ids drawn from those the table holds (the note says so), and the class's
+    from_pretrained loads it and routes the new ids."""
+    import transformers
+
+    model = build_registry_model("deepseek_v4", "DeepseekV4ForCausalLM", VOCAB)
+    tables = {n: b for n, b in model.named_buffers() if n.endswith("tid2eid")}
+    assert tables
+    torch.manual_seed(3)
+    experts = model.config.num_local_experts
+    for b in tables.values():  # a real checkpoint's hash: distinct experts per token
+        b.copy_(torch.stack([torch.randperm(experts)[:b.shape[1]] for _ in range(b.shape[0])]))
+    opt, sched = trainer_optimizer(model)
+    registry_step(model, opt, sched, VOCAB, seed=1)
+    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
+    report = ckptfix.inspect(str(src), tokenizer=str(grown))
+    lookups = [v.name for v in report.vocab if v.role == "lookup"]  # saved under the checkpoint's names (ffn.)
+    assert len(lookups) == len(tables) and all(n.endswith(".gate.tid2eid") for n in lookups)
+    assert not [f for f in report.findings if f.code == "CKF130"]
+    result = ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
+    assert any("drawn at random" in n for n in result.to_json()["notes"])
+    fixed = transformers.DeepseekV4ForCausalLM.from_pretrained(tmp_path / "fixed")
+    for name, old in tables.items():
+        new = dict(fixed.named_buffers())[name]
+        assert new.dtype == torch.int64 and new.shape == (VOCAB + 3, old.shape[1])
+        assert torch.equal(new[:VOCAB], old)
+        assert all(len(set(row.tolist())) == old.shape[1] and max(row.tolist()) < experts for row in new[VOCAB:])
+    opt2, sched2 = trainer_optimizer(fixed, like=model)
+    opt2.load_state_dict(torch.load(tmp_path / "fixed" / "optimizer.pt", weights_only=True))
+    assert torch.isfinite(torch.tensor(registry_step(fixed, opt2, sched2, VOCAB + 3, seed=2)))
 
 
 def test_converted_key_layout_is_a_warning_not_a_count_error(tmp_path):

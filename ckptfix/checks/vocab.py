@@ -7,7 +7,8 @@ from typing import Iterator
 from ckptfix.checks.codes import Context, Finding, check, finding
 from ckptfix.fit import Fit, fit_rows
 from ckptfix.recorded import megatron_padding, model_token_ids, recorded_rows
-from ckptfix.vocab import MAX_OFFSET, VocabTensor
+from ckptfix.vocab import VocabTensor
+from ckptfix.vocab import rows_past_recorded as past_recorded
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
                 "{tokens} tokens, even with strict=False; Optimizer.load_state_dict would accept the "
@@ -15,18 +16,12 @@ _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {n
 
 
 def rows_past_recorded(ctx: Context) -> tuple[VocabTensor, int] | None:
-    """(embedding, recorded LM size) when the only embedding has a few rows (<= MAX_OFFSET) past the size the
-    config records, no head tells whether they are the model's own (MllamaModel: vocab_size + 8 image rows,
-    and no head to hold vocab_size) or the config was left at an old size, and the tokenizer (if given) has
-    exactly the recorded size. Then the rows are a warning (CKF107), not a mismatch."""
-    embeds = [v for v in ctx.vocab if v.role == "embedding" and v.tied_to is None]
-    if len(embeds) != 1 or embeds[0].offset or any(v.role == "head" and v.tied_to is None for v in ctx.vocab):
+    """`vocab.rows_past_recorded`, when the tokenizer (if given) has exactly the recorded size: then the rows
+    past it are a warning (CKF107), not a mismatch."""
+    found = past_recorded(ctx.ckpt, ctx.vocab)
+    if found is None or (ctx.tokenizer is not None and ctx.tokenizer.size != found[1]):
         return None
-    recorded = recorded_rows(ctx.ckpt.extras)
-    lm = [r for r in recorded if 0 < embeds[0].rows - r <= MAX_OFFSET]
-    if len(recorded) != 1 or not lm or (ctx.tokenizer is not None and ctx.tokenizer.size != lm[0]):
-        return None
-    return embeds[0], lm[0]
+    return found
 
 
 @check("CKF107", "warning", "rows past the recorded vocab size, no head to tell whose",

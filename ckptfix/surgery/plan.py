@@ -294,9 +294,13 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
             continue
         tied = any(t.tied_to == v.name for t in report.vocab)
         plan.weights[v.name] = TensorEdit(v.name, v.role, ckpt.model[v.name], rows_plan, tied=tied)
+        if v.role == "lookup" and rows_plan.new:
+            plan.notes.append(f"{v.name}: a token-id lookup of {v.shape[1]} id(s) per token (hash routing's "
+                              f"token -> experts): its {rows_plan.new} new row(s) are ids drawn at random from "
+                              "those the table holds, distinct per row (nothing records a new token's)")
         if policy == "remap":
             refused += _plan_states(plan, v, rows_plan)
-            if ckpt.optimizer is not None and v.optimizer_index is None:
+            if ckpt.optimizer is not None and v.optimizer_index is None and v.role != "lookup":  # a buffer
                 _no_state_for(plan, report, v)
     if plan.weights and policy == "remap":
         _refuse(plan, refused, asked=asked)

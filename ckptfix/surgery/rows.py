@@ -97,9 +97,24 @@ def fill_for(init: str, role: str = "embedding", tied: bool = False) -> str:
 
     Under `pieces`, rows that produce logits (an untied head and its bias, or a tied embedding) get
     "pieces-head": the pieces' mean pulled towards the old mean (HEAD_SHRINK), see its comment."""
+    if role == "lookup":  # ids, whatever `init` says for weights
+        return "drawn"
     if init == "pieces" and (role in ("head", "head-bias") or tied):
         return "pieces-head"
     return init  # checked against plan.INITS when the plan was made
+
+
+def drawn_ids(rows: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """`count` new rows of an integer lookup table (DeepSeek-V4's hash routing `tid2eid`: each token's top-k
+    expert ids, a fixed pseudo-random assignment): each row k distinct ids drawn uniformly from those the
+    table holds (with repeats only where it holds fewer than k), as the hash gave every old token its own."""
+    width = rows.shape[1] if rows.ndim == 2 else 1
+    # the ids of the first 2^20 entries (all of DeepSeek-V4's 129280 x 6): a bounded read whatever the table
+    values = np.unique(np.asarray(rows).reshape(-1)[:1 << 20]) if rows.size else np.zeros(1, dtype=rows.dtype)
+    out = np.empty((count, width), dtype=rows.dtype)
+    for k in range(count):
+        out[k] = rng.choice(values, size=width, replace=len(values) < width)
+    return out.reshape((count, *rows.shape[1:]))
 
 
 def new_rows_for(rows: np.ndarray, dtype: str, plan: RowPlan, fill: str, std: float,
@@ -109,6 +124,8 @@ def new_rows_for(rows: np.ndarray, dtype: str, plan: RowPlan, fill: str, std: fl
     pieces (a new special token) gets the old mean plus noise at PIECES_NOISE of each column's standard
     deviation, so no two such rows are equal and each can learn its own direction."""
     count = int((plan.source < 0).sum())
+    if fill == "drawn":
+        return drawn_ids(rows, count, rng)
     if fill not in ("pieces", "pieces-head"):
         return new_row_values(rows, dtype, count, fill, std, rng)
     pull = HEAD_SHRINK if fill == "pieces-head" else 1.0
