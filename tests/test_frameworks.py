@@ -669,16 +669,12 @@ def _lit_step(fabric, model, opt, vocab: int, seed: int) -> float:
     return float(loss.detach())
 
 
-@pytest.mark.lightning
-@pytest.mark.parametrize("new", [300, 216])
-def test_litgpt_folder_model_config_follows_the_rows(tmp_path, new):
-    """litgpt's training checkpoint (finetune/full.py, pretrain.py): `fabric.save(step-N/lit_model.pth,
-    {"model", "optimizer", "iter_num", "step_count"})` and `model_config.yaml` beside it. Repair updates the
-    recorded `padded_vocab_size` (the rows) and `vocab_size` (the tokenizer's); litgpt's resume rebuilds
-    the model from model_config.yaml and `fabric.load`s the state, then trains a step."""
+def litgpt_checkpoint(tmp_path: Path):
+    """(fabric, model, folder): litgpt's `step-000002/` after one real AdamW step, as `fabric.save` writes it
+    (`lit_model.pth` with model, optimizer, iter_num, step_count) beside `model_config.yaml`."""
     from lightning.fabric import Fabric
 
-    build, write, real = _litgpt_parts()
+    _, write, _ = _litgpt_parts()
     fabric = Fabric(accelerator="cpu", devices=1)
     src = tmp_path / "step-000002"
     src.mkdir()
@@ -687,6 +683,18 @@ def test_litgpt_folder_model_config_follows_the_rows(tmp_path, new):
     opt = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-3))
     _lit_step(fabric, model, opt, VOCAB, 1)
     fabric.save(src / "lit_model.pth", {"model": model, "optimizer": opt, "iter_num": 2, "step_count": 2})
+    return fabric, model, src
+
+
+@pytest.mark.lightning
+@pytest.mark.parametrize("new", [300, 216])
+def test_litgpt_folder_model_config_follows_the_rows(tmp_path, new):
+    """litgpt's training checkpoint (finetune/full.py, pretrain.py): `fabric.save(step-N/lit_model.pth,
+    {"model", "optimizer", "iter_num", "step_count"})` and `model_config.yaml` beside it. Repair updates the
+    recorded `padded_vocab_size` (the rows) and `vocab_size` (the tokenizer's); litgpt's resume rebuilds
+    the model from model_config.yaml and `fabric.load`s the state, then trains a step."""
+    build, _, real = _litgpt_parts()
+    fabric, model, src = litgpt_checkpoint(tmp_path)
     before = (src / "model_config.yaml").read_text()
     tok = word_level_tokenizer(tmp_path / "tok.json", new)
 

@@ -165,20 +165,9 @@ def build_deepspeed_universal(tmp: Path) -> Built:
 def build_litgpt(tmp: Path) -> Built:
     """litgpt's training checkpoint: `fabric.save(step-N/lit_model.pth, ...)` beside model_config.yaml."""
     pytest.importorskip("lightning")
-    import torch
-    from lightning.fabric import Fabric
-    from test_frameworks import VOCAB, _lit_step, _litgpt_parts
+    from test_frameworks import litgpt_checkpoint
 
-    _, write, _ = _litgpt_parts()
-    fabric = Fabric(accelerator="cpu", devices=1)
-    src = tmp / "step-000002"
-    src.mkdir()
-    torch.manual_seed(0)
-    model = fabric.setup(write(src, VOCAB, 64))
-    opt = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-3))
-    _lit_step(fabric, model, opt, VOCAB, 1)
-    fabric.save(src / "lit_model.pth", {"model": model, "optimizer": opt, "iter_num": 2, "step_count": 2})
-    return src, _word_level(tmp, 300)
+    return litgpt_checkpoint(tmp)[2], _word_level(tmp, 300)
 
 
 def build_peft_adapter(tmp: Path) -> Built:

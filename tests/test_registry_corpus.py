@@ -40,6 +40,13 @@ def _quiet():
     transformers.utils.logging.set_verbosity_error()
 
 
+def _one_step_folder(model, tmp_path):
+    """The model after one real AdamW step, saved as a Trainer `checkpoint-1/` folder (its tokenizer beside)."""
+    opt, sched = trainer_optimizer(model)
+    registry_step(model, opt, sched, VOCAB, seed=1)
+    return save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+
+
 @pytest.mark.parametrize("registry,model_type", REGISTRY_FAST, ids=lambda x: x)
 def test_registry_class(registry, model_type, tmp_path):
     class_name = dict(registry_classes(registry))[model_type]
@@ -132,9 +139,7 @@ def test_prompt_rows_the_config_states_follow_the_token_rows(tmp_path):
     model = build_registry_model("cpmant", "CpmAntForCausalLM", VOCAB)
     prompt = model.config.prompt_types * model.config.prompt_length
     assert prompt > 256  # past MAX_OFFSET: taken only because the config states it
-    opt, sched = trainer_optimizer(model)
-    registry_step(model, opt, sched, VOCAB, seed=1)
-    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    src = _one_step_folder(model, tmp_path)
     grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
     report = ckptfix.inspect(str(src), tokenizer=str(grown))
     assert "cpmant.input_embedding.weight" in {v.name for v in report.vocab}
@@ -158,9 +163,7 @@ def test_head_columns_beside_a_tied_head_grow_as_columns(tmp_path):
                                            intra_bottleneck_size=32, num_feedforward_networks=1)
     torch.manual_seed(0)
     model = transformers.MobileBertForMaskedLM(config)
-    opt, sched = trainer_optimizer(model)
-    registry_step(model, opt, sched, VOCAB, seed=1)
-    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    src = _one_step_folder(model, tmp_path)
     grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
     report = ckptfix.inspect(str(src), tokenizer=str(grown))
     assert "cls.predictions.dense.weight" in {v.name for v in report.vocab}
@@ -188,9 +191,7 @@ def test_rows_past_the_recorded_size_without_a_head_are_a_warning_and_a_refusal(
     and CKF115 errors it was; after added tokens inspect has errors and repair refuses (exit 2), since which
     rows are tokens is not recorded anywhere in the folder."""
     model = build_registry_model("mllama", "MllamaModel", VOCAB)
-    opt, sched = trainer_optimizer(model)
-    registry_step(model, opt, sched, VOCAB, seed=1)
-    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    src = _one_step_folder(model, tmp_path)
     same = ckptfix.inspect(str(src), tokenizer=str(word_level_tokenizer(tmp_path / "same.json", VOCAB)))
     assert [f.code for f in same.findings if f.severity != "info"] == ["CKF107"]
     grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
@@ -213,9 +214,7 @@ def test_a_real_mllama_tokenizer_image_token_keeps_its_trained_row(tmp_path):
 
     model = build_registry_model("mllama", "MllamaForConditionalGeneration", VOCAB)
     model.config.image_token_index = VOCAB
-    opt, sched = trainer_optimizer(model)
-    registry_step(model, opt, sched, VOCAB, seed=1)
-    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    src = _one_step_folder(model, tmp_path)
     tok = Tokenizer.from_file(str(src.parent / "tokenizer.json"))
     tok.add_special_tokens([AddedToken("<|image|>", special=True)])
 
@@ -254,9 +253,7 @@ def test_hash_routing_tables_grow_with_the_tokens(tmp_path):
     experts = model.config.num_local_experts
     for b in tables.values():  # a real checkpoint's hash: distinct experts per token
         b.copy_(torch.stack([torch.randperm(experts)[:b.shape[1]] for _ in range(b.shape[0])]))
-    opt, sched = trainer_optimizer(model)
-    registry_step(model, opt, sched, VOCAB, seed=1)
-    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    src = _one_step_folder(model, tmp_path)
     grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
     report = ckptfix.inspect(str(src), tokenizer=str(grown))
     lookups = [v.name for v in report.vocab if v.role == "lookup"]  # saved under the checkpoint's names (ffn.)
@@ -280,8 +277,6 @@ def test_converted_key_layout_is_a_warning_not_a_count_error(tmp_path):
     parameters: CKF205 (a warning naming the converted layout), not CKF202; a torch.save file with the same
     excess stays CKF202 (tests/test_inspect_findings.py)."""
     model = build_registry_model("gte", "GteForMaskedLM", VOCAB)
-    opt, sched = trainer_optimizer(model)
-    registry_step(model, opt, sched, VOCAB, seed=1)
-    src = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    src = _one_step_folder(model, tmp_path)
     codes = {f.code: f.severity for f in ckptfix.inspect(str(src), tokenizer=str(src)).findings}
     assert codes.get("CKF205") == "warning" and "CKF202" not in codes
