@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Mapping
 from ckptfix.checkpoint import TensorInfo
 from ckptfix.checks.codes import finding
 from ckptfix.formats.pickle_records import OpaqueObject, TensorRef
-from ckptfix.recorded import recorded_rows
+from ckptfix.recorded import other_sizes, recorded_rows
 from ckptfix.vocab import EMBEDDING_LIKE, NOT_VOCAB_NAMES, PER_LAYER, near
 
 if TYPE_CHECKING:
@@ -461,10 +461,11 @@ class _Context:
         builds it from the vocab size too, so written back at its old size the output does not load; which of
         its rows are token rows nothing in the file records (past MAX_OFFSET it is not taken as Mllama's)."""
         widths = {e.source.shape[1] for e in heads if len(e.source.shape) == 2}
+        sized = other_sizes(self.ckpt.extras)  # Pix2Struct's row/column embedders: seq_len rows
         out = []
         for name, t in self.ckpt.model.items():
             if name in self.plan.weights or name in self.plan.kept or name in self.keep or not t.is_float \
-                    or len(t.shape) != 2 or t.shape[1] not in widths or t.shape[0] <= main \
+                    or len(t.shape) != 2 or t.shape[1] not in widths or t.shape[0] <= main or t.shape[0] in sized \
                     or not EMBEDDING_LIKE.search(name) or NOT_VOCAB_NAMES.search(name) or PER_LAYER.search(name):
                 continue
             out.append(Value(name, f"{list(t.shape)} {t.dtype}", UNRESOLVED,

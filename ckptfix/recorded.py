@@ -214,10 +214,8 @@ def apply(tree: Any, changes: dict[tuple, int]) -> Any:
     return out
 
 
-def model_token_ids(extras: dict[str, Any]) -> set[int]:
-    """Token ids a config names as the model's own (`image_token_index`, `boi_token_id`, ...: keys ending
-    in `_token_index` or `_token_id`, a list of them too), anywhere in the non-tensor parts."""
-    out: set[int] = set()
+def _config_items(extras: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
+    """Every (key, value) of every dict in the non-tensor parts, each dict once, bounded (depth, 10,000 dicts)."""
     stack: list[tuple[Any, int]] = [(extras, 0)]
     seen: set[int] = set()
     while stack and len(seen) < 10_000:
@@ -226,10 +224,26 @@ def model_token_ids(extras: dict[str, Any]) -> set[int]:
             continue
         seen.add(id(node))
         for key, value in node.items():
-            if isinstance(key, str) and key.endswith(("_token_index", "_token_id", "_token_ids")):
-                for v in value if isinstance(value, list) else [value]:
-                    if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
-                        out.add(v)
-            elif isinstance(value, dict):
+            yield key, value
+            if isinstance(value, dict):
                 stack.append((value, depth + 1))
+
+
+def _int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def model_token_ids(extras: dict[str, Any]) -> set[int]:
+    """Token ids a config names as the model's own (`image_token_index`, `boi_token_id`, ...: keys ending
+    in `_token_index`, `_token_id` or `_token_ids`), anywhere in the non-tensor parts."""
+    out: set[int] = set()
+    for key, value in _config_items(extras):
+        if isinstance(key, str) and key.endswith(("_token_index", "_token_id", "_token_ids")):
+            out.update(v for v in (value if isinstance(value, list) else [value]) if _int(v))
     return out
+
+
+def other_sizes(extras: dict[str, Any]) -> set[int]:
+    """The integers a config records under other names than a vocab size's (`seq_len`, `max_position_embeddings`,
+    ...): a table with that many rows is sized by that, not by the vocabulary."""
+    return {v for k, v in _config_items(extras) if _int(v) and k not in VOCAB_KEYS and not _other_vocabulary(k)}

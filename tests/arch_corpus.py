@@ -355,10 +355,10 @@ def _ids_below(d: dict, vocab: int) -> None:
 
 
 def build_registry_model(model_type: str, class_name: str, vocab: int, seed: int = 0) -> torch.nn.Module:
-    """The class built tiny. Where its input embedding is another sub-config's vocabulary than the one
-    `get_text_config(decoder=True)` names (MusicGen: that is the decoder's audio codebook, while the input
-    embedding and the processor's tokenizer are the T5 text encoder's), the vocabulary set to `vocab` is the
-    input embedding's: the class's own answer to which vocabulary its tokenizer indexes."""
+    """The class built tiny. Where `get_text_config(decoder=True)` names a decoder whose heads are per-codebook
+    tables (MusicGen: audio codes) and the input embedding is another sub-config's vocabulary (the T5 text
+    encoder's, the processor's tokenizer's), the vocabulary set to `vocab` is the input embedding's: the
+    class's own answer to which vocabulary its tokenizer indexes."""
     import transformers
 
     cls = getattr(transformers, class_name)
@@ -367,7 +367,11 @@ def build_registry_model(model_type: str, class_name: str, vocab: int, seed: int
         model = cls(tiny_config(model_type, vocab))
         embed = model.get_input_embeddings()
         rows = getattr(embed, "num_embeddings", None)
-        path = _vocab_path_with(model.config.to_dict(), rows) if rows and not vocab <= rows <= vocab + 256 else None
+        # only where the decoder's heads are per-codebook tables (audio codes): an encoder-decoder whose
+        # encoder size was left at its default (T5Gemma) is still built from get_text_config's
+        codebooks = isinstance(model.get_output_embeddings(), torch.nn.ModuleList)
+        path = _vocab_path_with(model.config.to_dict(), rows) \
+            if codebooks and rows and not vocab <= rows <= vocab + 256 else None
         if path:
             LM_PATHS[class_name] = ".".join([*path, "vocab_size"])
         torch.manual_seed(seed)
