@@ -621,3 +621,6 @@ def test_a_tokenizer_compared_with_no_vocab_tensor_is_said(tmp_path):
     (found,) = [f for f in report.findings if f.code == "CKF109"]
     assert found.severity == "warning" and "compared with nothing" in found.message and "40" in found.message
     assert "CKF109" not in {f.code for f in ckptfix.inspect(str(tmp_path / "ckpt.pth")).findings}
+    assert "CKF113" in {f.code for f in report.findings}  # 60 tokens, the config's 40: ids 40..59 have no row
+    small = train_bpe_tokenizer_json(tmp_path, 30, name="small.json")
+    assert "CKF113" not in {f.code for f in ckptfix.inspect(str(tmp_path / "ckpt.pth"), tokenizer=str(small)).findings}

@@ -99,6 +99,24 @@ def no_vocab_tensor(ctx: Context) -> Iterator[Finding]:
         "whose vocab tensors it cannot find.", tensors=[])
 
 
+@check("CKF113", "error", "the tokenizer has more tokens than the recorded vocab size",
+       "No vocab tensor was recognised, and every vocab size the checkpoint records is below the tokenizer's "
+       "size: a model built from the recorded size has no row for the last ids.")
+def tokens_past_recorded_size(ctx: Context) -> Iterator[Finding]:
+    if ctx.tokenizer is None or ctx.vocab or not ctx.ckpt.model:
+        return
+    recorded = recorded_rows(ctx.ckpt.extras)
+    if not recorded or max(recorded) >= ctx.tokenizer.size:
+        return
+    size, rows = ctx.tokenizer.size, max(recorded)
+    yield finding(
+        "CKF113", f"the checkpoint records a vocab size of {rows} and the tokenizer has {size} tokens: ids "
+        f"{rows}..{size - 1} have no row in a model built from the recorded size",
+        pytorch="from_pretrained (or the framework's own builder) makes the embedding from the recorded size: an "
+        "id past it raises IndexError, or reads a row the model keeps for something else.",
+        fix="Grow the vocab with the model's own code (ckptfix found no vocab tensor to resize).", tensors=[])
+
+
 @check("CKF101", "error", "vocab rows fewer than the tokenizer",
        "Embedding/head rows < tokenizer size: token ids past the last row cannot be looked up.")
 def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
