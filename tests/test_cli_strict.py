@@ -59,8 +59,11 @@ def test_a_real_sigint_exits_130():
     code = ("import sys, time; import ckptfix.compare as c\n"
             "def slow(*a, **k):\n    print('ready', flush=True); time.sleep(60)\n"
             "c.diff = slow\nfrom ckptfix.cli import main\nmain(sys.argv[1:])")
+    # SIGINT back to its default in the child: a suite started in the background (`cmd &` from a script) runs
+    # with SIGINT ignored, which the child would inherit, and Python then installs no KeyboardInterrupt
     proc = subprocess.Popen([sys.executable, "-c", code, "diff", str(SEED / "ckpt.pth"), str(SEED / "ckpt.pth")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
