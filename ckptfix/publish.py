@@ -85,6 +85,8 @@ class Provenance:
         if whole and src_local.endswith(".safetensors"):
             _fill_safetensors_header(remote, src_local, dst_fd, dst_pos, size)  # the verify stage reads it
         st = os.fstat(dst_fd)
+        if st.st_size < dst_pos + size:  # the range stays a hole, but the staged file has its length: the
+            os.ftruncate(dst_fd, dst_pos + size)  # verify stage reads its header against its size
         self.copies.setdefault((st.st_dev, st.st_ino), []).append(Copy(dst_pos, obj.key, src_pos, size, whole))
         return True
 

@@ -51,8 +51,18 @@ def repair_target(path: str) -> tuple[str, str | None]:
     return folder, kind
 
 
+# the loaders that take an object-storage URL themselves: Lightning's ckpt_path (fsspec), DCP (FsspecReader)
+_URL_LOADERS = ("lightning", "dcp")
+
+
 def resume_lines(fmt: str, out: str, rows: int, tokens: int, rewarm: bool = False) -> list[str]:
-    """How to resume from the repaired `out` (`rows` vocab rows, a `tokens`-token tokenizer), one line each."""
+    """How to resume from the repaired `out` (`rows` vocab rows, a `tokens`-token tokenizer), one line each.
+    An `out` in object storage whose format's loader reads local paths only is named as its local copy."""
+    if "://" in out and fmt not in _URL_LOADERS:
+        local = os.path.basename(out.rstrip("/")) or "checkpoint"
+        return [f"copy {out} to a local {local} first (this format's loader reads local paths only; e.g. "
+                f"fsspec's get(..., recursive=True) or the store's CLI), then:",
+                *resume_lines(fmt, local, rows, tokens, rewarm)]
     size = "len(tokenizer)" if rows == tokens else str(rows)
     build = f"build the model with {rows} vocab rows " + (
         "(len(tokenizer))" if rows == tokens else f"({tokens} tokens + {rows - tokens} padding)")

@@ -114,3 +114,15 @@ def test_every_format_says_how_to_resume(fmt, needle):
     assert len(lines) == 1 and needle in lines[0], lines
     if fmt not in ("hf-trainer", "hf-model", "peft-adapter"):
         assert "build the model with 1024 vocab rows (1003 tokens + 21 padding)" in lines[0]
+
+
+def test_a_url_out_is_named_as_its_local_copy_where_the_loader_reads_local_paths():
+    """from_pretrained, load_file and torch.load take local paths: for an OUT in object storage the hint says to
+    copy it down first and names the copy; Lightning's ckpt_path and DCP (FsspecReader) take the URL itself."""
+    from ckptfix.resume_hints import resume_lines
+
+    lines = resume_lines("hf-model", "s3://b/run/step-fixed", 1088, 1088)
+    assert lines[0].startswith("copy s3://b/run/step-fixed to a local step-fixed first")
+    assert "from_pretrained('step-fixed')" in lines[1] and "s3://" not in lines[1]
+    assert "ckpt_path='s3://b/run/x.ckpt'" in resume_lines("lightning", "s3://b/run/x.ckpt", 64, 64)[0]
+    assert "checkpoint_id='s3://b/run/step'" in resume_lines("dcp", "s3://b/run/step", 64, 64)[0]
