@@ -33,7 +33,7 @@ from ckptfix.checkpoint import TensorInfo
 from ckptfix.checks.codes import finding
 from ckptfix.formats.pickle_records import OpaqueObject, TensorRef
 from ckptfix.recorded import other_sizes, recorded_rows
-from ckptfix.vocab import EMBEDDING_LIKE, NOT_VOCAB_NAMES, PER_LAYER, near
+from ckptfix.vocab import NOT_VOCAB_NAMES, PER_LAYER, embedding_like, near
 
 if TYPE_CHECKING:
     from ckptfix.surgery.plan import RepairPlan
@@ -464,9 +464,9 @@ class _Context:
         sized = other_sizes(self.ckpt.extras)  # Pix2Struct's row/column embedders: seq_len rows
         out = []
         for name, t in self.ckpt.model.items():
-            if name in self.plan.weights or name in self.plan.kept or name in self.keep or not t.is_float \
-                    or len(t.shape) != 2 or t.shape[1] not in widths or t.shape[0] <= main or t.shape[0] in sized \
-                    or not EMBEDDING_LIKE.search(name) or NOT_VOCAB_NAMES.search(name) or PER_LAYER.search(name):
+            if name in self.plan.weights or name in self.plan.kept or name in self.keep \
+                    or not embedding_like(name, t) or t.shape[1] not in widths or t.shape[0] <= main \
+                    or t.shape[0] in sized:
                 continue
             out.append(Value(name, f"{list(t.shape)} {t.dtype}", UNRESOLVED,
                              f"named like an embedding, as wide as the head, with {t.shape[0] - main} row(s) past the "

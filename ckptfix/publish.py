@@ -149,9 +149,10 @@ def publish(staged: str, out_url: str, provenance: Provenance | None = None) -> 
     else:
         plan = [(staged, root)]
     done = Published()
+    first_switch = next((i for i, (_, key) in enumerate(plan) if is_switch(key)), None)  # data first, then these
     try:
         for i, (local, key) in enumerate(plan):
-            if is_switch(key) and not is_switch(plan[i - 1][1]) and i > 0:
+            if i == first_switch and i > 0:
                 _confirm_sizes(fs, root, plan[:i])  # before the first switch object: what a loader will read
             _upload(fs, local, key, provenance.copies_of(local) if provenance is not None else [], done)
             done.objects.append(key)

@@ -71,7 +71,8 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
     the rows elsewhere (a (width, rows) matrix, a table named like positions) is reported in `notes` as
     ambiguous and left alone: a size can match by accident (an attention projection is not a vocab tensor)."""
     separate, kept = _separate_rows(ckpt), separate_tensors(ckpt)  # another vocabulary's tensors: never the LM's
-    rows, widths = _vocab_dims(ckpt, tokenizer_size, set(separate))
+    stated = stated_offsets(ckpt.extras)
+    rows, widths = _vocab_dims(ckpt, tokenizer_size, set(separate), stated)
     found: dict[str, VocabTensor] = {}
     _note_separate(ckpt, separate, notes)
     if not rows:
@@ -94,13 +95,20 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
         found[name] = VocabTensor(name, role, n, t.shape, tied_to=ckpt.tied.get(name))
     found.update(_head_columns(ckpt, found, rows, kept))
     found.update(_token_lookups(ckpt, rows, kept))
-    found = {**_offset_tables(ckpt, found, widths, kept), **found}
-    _set_offsets(ckpt, found)
+    found = {**_offset_tables(ckpt, found, widths, kept, stated), **found}
+    _set_offsets(ckpt, found, stated)
     _attach_moments(ckpt, mapping, found)
     return list(found.values())
 
 
 EMBEDDING_LIKE = re.compile(r"embed", re.IGNORECASE)  # a table looked up by ids, whatever its prefix
+
+
+def embedding_like(name: str, t: TensorInfo) -> bool:
+    """A float table named like an embedding, whatever its prefix (`input_embedding`), not a position or
+    segment table and not inside a stack of layers."""
+    return t.is_float and len(t.shape) == 2 and bool(EMBEDDING_LIKE.search(name)) \
+        and not NOT_VOCAB_NAMES.search(name) and not PER_LAYER.search(name)
 
 
 def _head_columns(ckpt: Checkpoint, found: dict[str, VocabTensor], rows: set[int],
@@ -134,7 +142,7 @@ def _token_lookups(ckpt: Checkpoint, rows: set[int], kept: dict[str, str]) -> di
 
 
 def _offset_tables(ckpt: Checkpoint, found: dict[str, VocabTensor], widths: set[int],
-                   kept: dict[str, str]) -> dict[str, VocabTensor]:
+                   kept: dict[str, str], stated: dict[int, set[int]]) -> dict[str, VocabTensor]:
     """When no table by an embedding's usual name was found (the rows came from the head): a table named
     like an embedding, as wide as the head, whose rows are the head's plus an offset the model adds
     (CPM-Ant's `input_embedding`: vocab_size + prompt_types x prompt_length); `_set_offsets` keeps the offset
@@ -144,11 +152,9 @@ def _offset_tables(ckpt: Checkpoint, found: dict[str, VocabTensor], widths: set[
     heads = {v.rows for v in found.values() if v.role == "head"}
     out: dict[str, VocabTensor] = {}
     for name, t in ckpt.model.items():
-        if name in found or name in kept or not t.is_float or len(t.shape) != 2 or t.shape[1] not in widths \
-                or not EMBEDDING_LIKE.search(name) or NOT_VOCAB_NAMES.search(name) or PER_LAYER.search(name):
+        if name in found or name in kept or not embedding_like(name, t) or t.shape[1] not in widths:
             continue
-        if any(0 < t.shape[0] - lm <= MAX_OFFSET or t.shape[0] - lm in stated_offsets(ckpt.extras, lm)
-               for lm in heads):
+        if any(0 < t.shape[0] - lm <= MAX_OFFSET or t.shape[0] - lm in stated.get(lm, ()) for lm in heads):
             out[name] = VocabTensor(name, "embedding", t.shape[0], t.shape, tied_to=ckpt.tied.get(name))
     return out
 
@@ -186,7 +192,7 @@ def _note_separate(ckpt: Checkpoint, separate: dict[int, str], notes: list[str] 
                      "against the LM tokenizer")
 
 
-def _set_offsets(ckpt: Checkpoint, found: dict[str, VocabTensor]) -> None:
+def _set_offsets(ckpt: Checkpoint, found: dict[str, VocabTensor], stated: dict[int, set[int]]) -> None:
     """A model class that adds rows past its LM vocabulary (Mllama's embedding: vocab_size + 8 image-token
     rows, its head vocab_size; CPM-Ant's: vocab_size + 1024 prompt rows): the config's LM size is the head's
     rows, and the embedding's extra rows are the model's own. Read from the checkpoint itself: a recorded LM
@@ -202,7 +208,7 @@ def _set_offsets(ckpt: Checkpoint, found: dict[str, VocabTensor]) -> None:
             continue
         for lm in sorted(heads or recorded):
             extra = v.rows - lm
-            if 0 < extra and ((heads and extra <= MAX_OFFSET) or extra in stated_offsets(ckpt.extras, lm)):
+            if 0 < extra and ((heads and extra <= MAX_OFFSET) or extra in stated.get(lm, ())):
                 v.offset = extra
                 break
 
@@ -225,15 +231,16 @@ def rows_past_recorded(ckpt: Checkpoint, vocab: list[VocabTensor]) -> tuple[Voca
 _GENERIC_WORDS = {"num", "n", "max", "min", "total", "use", "is"}
 
 
-def stated_offsets(extras: dict[str, Any], lm: int) -> set[int]:
-    """Rows past the LM's `lm` that the config recording `lm` states: the product of two of its integers
-    named for one thing (CPM-Ant builds `input_embedding` with vocab_size + prompt_types x prompt_length rows,
-    its prompt ids vocab_size + k), past MAX_OFFSET (a smaller offset needs a head to tell it from a stale
-    size). One integer alone (a width, a layer count) or two of different things state no rows."""
-    out: set[int] = set()
+def stated_offsets(extras: dict[str, Any]) -> dict[int, set[int]]:
+    """For each LM size a config records, the rows past it that config states: the product of two of its
+    integers named for one thing (CPM-Ant builds `input_embedding` with vocab_size + prompt_types x
+    prompt_length rows, its prompt ids vocab_size + k), past MAX_OFFSET (a smaller offset needs a head to tell
+    it from a stale size). One integer alone (a width, a layer count) or two of different things state no rows."""
+    out: dict[int, set[int]] = {}
     for r in find_recorded(extras):
-        if not r.rows_key or r.value != lm:
+        if not r.rows_key:
             continue
+        offsets = out.setdefault(r.value, set())
         node: Any = extras
         for key in r.path[:-1]:
             node = node[key]
@@ -243,11 +250,12 @@ def stated_offsets(extras: dict[str, Any], lm: int) -> set[int]:
                 by_word.setdefault(k.split("_")[0], []).append(v)
         for word, ints in by_word.items():
             if word not in _GENERIC_WORDS and len(ints) <= 16:  # a few fields about one thing
-                out.update(a * b for i, a in enumerate(ints) for b in ints[i + 1:] if a * b > MAX_OFFSET)
+                offsets.update(a * b for i, a in enumerate(ints) for b in ints[i + 1:] if a * b > MAX_OFFSET)
     return out
 
 
-def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None, separate: set[int]) -> tuple[set[int], set[int]]:
+def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None, separate: set[int],
+                stated: dict[int, set[int]]) -> tuple[set[int], set[int]]:
     """(vocab row counts, model widths): from named embeddings, else the 2-D tensor nearest the tokenizer."""
     named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2 and EMBEDDING_NAMES.search(n)
              and not NOT_VOCAB_NAMES.search(n) and t.shape[0] not in separate]
@@ -262,9 +270,8 @@ def _vocab_dims(ckpt: Checkpoint, tokenizer_size: int | None, separate: set[int]
         named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2 and HEAD_NAMES.search(n)
                  and not PER_LAYER.search(n) and t.shape[0] not in separate][:1]
     if not named:  # nor a head: a table named like one whose rows are the recorded LM size plus stated rows
-        named = [t.shape for n, t in ckpt.model.items() if t.is_float and len(t.shape) == 2
-                 and EMBEDDING_LIKE.search(n) and not NOT_VOCAB_NAMES.search(n) and not PER_LAYER.search(n)
-                 and any(t.shape[0] - lm in stated_offsets(ckpt.extras, lm) for lm in recorded_rows(ckpt.extras))][:1]
+        named = [(t.shape[0], t.shape[1]) for n, t in ckpt.model.items() if embedding_like(n, t)
+                 and any(t.shape[0] - lm in offsets for lm, offsets in stated.items())][:1]
     rows = {s[0] for s in named}
     widths = {s[1] for s in named}
     # a factorised or projected head has another width (ALBERT, DeBERTa-v2's embedding_size): its name says so
