@@ -18,7 +18,7 @@ to the server:
 The server keeps objects in memory and temporary files: about 2-3x --gb of disk and memory at the peak.
 It prints each measurement and a markdown table (the README's). Everything is deleted at the end.
 
-    python bench/object_storage.py --gb 2 [--inspect-only]
+    python bench/object_storage.py --gb 2 [--inspect-only] [--layers 290]
 """
 
 from __future__ import annotations
@@ -112,13 +112,26 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def width_for(gb: float, layers: int) -> int:
+    """The hidden width that makes bench/sharded's model (2 vocab tensors of ROWS rows, `layers` square ones)
+    and its AdamW moments about `gb` GB in fp32: 12 bytes an element."""
+    a, b = 12 * layers, 2 * 12 * ROWS
+    return max(8, int((-b + (b * b + 4 * a * gb * 1e9) ** 0.5) / (2 * a)) // 8 * 8)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gb", type=float, default=2.0)
     parser.add_argument("--formats", default="dcp")
     parser.add_argument("--root", default="/tmp/ckptfix-bench-s3")
     parser.add_argument("--inspect-only", action="store_true", help="measure the two inspect rows only")
+    parser.add_argument("--layers", type=int, help="that many square layers (a narrower width keeps --gb): "
+                        "a 7B model's 290 parameters, where the default is a few wide ones")
     args = parser.parse_args()
+    if args.layers:
+        import bench.sharded as sharded
+
+        sharded.WIDTH = width_for(args.gb, args.layers)
     if os.path.exists(args.root):
         raise SystemExit(f"{args.root} exists; remove it or pass --root")
     os.makedirs(args.root)
@@ -136,7 +149,10 @@ def main() -> None:
         for fmt in args.formats.split(","):
             local = os.path.join(args.root, fmt)
             (build_dcp if fmt == "dcp" else build_hf)(local, args.gb)
-            rows += bench_one(bucket, fmt, local, tok, args.inspect_only)
+            measured = bench_one(bucket, fmt, local, tok, args.inspect_only)
+            for row in measured:
+                row["format"] += f" ({args.layers + 2} parameters)" if args.layers else ""
+            rows += measured
             print()
             print(table(rows), flush=True)
     finally:

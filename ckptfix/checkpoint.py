@@ -412,6 +412,8 @@ class OptimizerState:
     state: dict[Any, ParamState]
     param_names: list[str] | None = None  # optimizer index -> model name, when the checkpoint records it
     parts: list[OptimizerPart] = field(default_factory=list)  # several optimizers: each one's part (else empty)
+    # (state entry, its step tensor) left unread in object storage: a request each (`common.read_steps`)
+    unread_steps: list[tuple[ParamState, TensorInfo]] = field(default_factory=list)
 
     def kind_of(self, index: Any) -> str:
         """The kind of the optimizer that holds entry `index`."""
@@ -441,6 +443,7 @@ class Checkpoint:
     tied: dict[str, str] = field(default_factory=dict)  # alias name -> the name it shares storage with
     record: Any = None  # ckptfix.record.Record: a previous repair's (or guard.record()'s) record, if present
     notes: list[str] = field(default_factory=list)
+    unopened_records: int = 0  # in object storage: tensor records opened only when read (`dcp_folder`)
     sections: dict[str, str] = field(default_factory=dict)  # "model" -> "model" key or file name
     raw: Any = None  # the format's own tree (the unpickled dict for torch files), for writers
     # a folder's other pickled files as read (optimizer.pt, a .bin shard...), by name: what CKF704/706 walk too

@@ -130,13 +130,34 @@ def _plan_audit(report: Report) -> Any:
     return audit(plan, report.mapping)
 
 
+def _unread_in_object_storage(ckpt: Checkpoint, scan: bool) -> list[str]:
+    """What the reader left unread in object storage, a request each: records it did not open
+    (`dcp_folder._opened_when_read`) and per-parameter steps (`common.read_steps`). `--scan` reads every
+    tensor, and so each of them; else a note each, so a check's silence is not taken for all of them."""
+    from ckptfix.formats.common import read_steps
+
+    opt, notes = ckpt.optimizer, []
+    if ckpt.unopened_records and not scan:
+        notes.append(f"object storage: {ckpt.unopened_records} tensor record(s) were not opened (a request each): "
+                     "their shapes and dtypes are the metadata's, and each record is checked when its rows are read "
+                     "(repair, --scan)")
+    if opt is not None and opt.unread_steps and scan:
+        opt.unread_steps = read_steps(opt.unread_steps, everything=True)
+    elif opt is not None and opt.unread_steps:
+        read = sum(1 for ps in opt.state.values() if ps.step is not None)
+        notes.append(f"object storage: the step of {len(opt.unread_steps)} of {len(opt.state)} parameters was not "
+                     f"read (each lies among the moments: a request each); the step checks saw the {read} read from "
+                     "both ends of the state (the embedding's and the head's in most models); --scan reads every one")
+    return notes
+
+
 def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, verify: bool = False,
             progress: Callable | None = None, from_tokenizer: Any = None) -> Report:
     """Run every check on an already-read checkpoint (repair and the guard reuse this)."""
     from ckptfix.identity import identity_notes, known_old_tokenizer
 
     mapping = map_optimizer(ckpt)
-    notes: list[str] = []
+    notes: list[str] = _unread_in_object_storage(ckpt, scan)
     vocab = find_vocab_tensors(ckpt, mapping, tokenizer.size if tokenizer is not None else None, notes)
     old, identity = None, None
     if tokenizer is not None or from_tokenizer is not None:

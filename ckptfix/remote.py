@@ -390,19 +390,26 @@ def ensure_file(path: Any) -> None:
 
 
 PREFETCH_GAP = 64 << 10  # ranges this close are fetched as one request: the gap costs less than a round trip
+# What inspect may spend on records scattered among the tensors (a step, a norm weight, a zip local
+# header per parameter: hundreds of requests for a 7B model); past it, readers leave them for when they
+# are read and say so.
+PREFETCH_BUDGET = 8
+PREFETCH_BYTES = 1 << 20  # and what those requests may download, the gaps merged between ranges included
 
 
-def prefetch(ranges: list[tuple[str, int, int]]) -> None:
-    """Fetch these (file, start, length) ranges of mirror files now, neighbours within PREFETCH_GAP merged
-    into one request: what a reader will read next, known from metadata (a zip's local headers and small
-    records, a DCP item's zip ends), costs a request per cluster instead of one per read. Free when local."""
-    if not _MIRRORS:
-        return
+def _clusters(ranges: list[tuple[str, int, int]]) -> list[tuple[Mirror, str, int, int]]:
+    """(mirror, local file, start, end) of the requests that fetch `ranges` of mirror files: neighbours
+    within PREFETCH_GAP merged, bytes already fetched left out."""
     spans: dict[tuple[Mirror, str], list[tuple[int, int]]] = {}
     for file, start, length in ranges:
         mirror = mirror_of(file)
-        if mirror is not None and length > 0:
-            spans.setdefault((mirror, os.path.abspath(file)), []).append((start, start + length))
+        if mirror is None or length <= 0:
+            continue
+        local = os.path.abspath(os.fspath(file))
+        obj = mirror.objects.get(local)
+        if obj is not None and obj.missing(start, start + length):
+            spans.setdefault((mirror, local), []).append((start, start + length))
+    out = []
     for (mirror, local), wanted in spans.items():
         merged: list[tuple[int, int]] = []
         for lo, hi in sorted(wanted):
@@ -410,8 +417,29 @@ def prefetch(ranges: list[tuple[str, int, int]]) -> None:
                 merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
             else:
                 merged.append((lo, hi))
-        for lo, hi in merged:
-            mirror.ensure(local, lo, hi - lo)
+        out += [(mirror, local, lo, hi) for lo, hi in merged]
+    return out
+
+
+def prefetch(ranges: list[tuple[str, int, int]], budget: int | None = None) -> bool:
+    """Fetch these (file, start, length) ranges of mirror files now, neighbours within PREFETCH_GAP merged
+    into one request: what a reader will read next, known from metadata (a zip's local headers and small
+    records, a DCP item's zip ends), costs a request per cluster instead of one per read. With a `budget`,
+    nothing is fetched when that needs more requests than it, or more than PREFETCH_BYTES: False, and the
+    caller reads less. Free (True) when local."""
+    if not _MIRRORS:
+        return True
+    clusters = _clusters(ranges)
+    if budget is not None and (len(clusters) > budget or sum(hi - lo for *_, lo, hi in clusters) > PREFETCH_BYTES):
+        return False
+    for mirror, local, lo, hi in clusters:
+        mirror.ensure(local, lo, hi - lo)
+    return True
+
+
+def active() -> bool:
+    """Whether a checkpoint is being read from object storage in this process."""
+    return bool(_MIRRORS)
 
 
 def fetch_all(path: Any) -> None:

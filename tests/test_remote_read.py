@@ -282,6 +282,109 @@ def test_inspect_cost_is_bounded_by_the_metadata(s3, tmp_path, kind):
     assert bytes_large < MAX_BYTES and bytes_small < MAX_BYTES, costs
 
 
+def _deep_run(layers: int, vocab: int = 300, width: int = 160):
+    """An embedding, `layers` square matrices and a head, after 2 real AdamW steps: each parameter's state
+    (its moments, then its step) lies apart from the next one's by more than `remote.PREFETCH_GAP`."""
+    from collections import OrderedDict
+
+    import torch
+
+    torch.manual_seed(0)
+    blocks = OrderedDict(embed=torch.nn.Embedding(vocab, width))
+    blocks.update((f"layer{i}", torch.nn.Linear(width, width, bias=False)) for i in range(layers))
+    blocks["head"] = torch.nn.Linear(width, vocab, bias=False)
+    model = torch.nn.Sequential(blocks)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, vocab, (4, 8))
+    for _ in range(2):
+        loss = torch.nn.functional.cross_entropy(model(ids).flatten(0, 1), ids.flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model, optimizer
+
+
+def _deep_checkpoint(folder: Path, kind: str, layers: int) -> Path:
+    model, optimizer = _deep_run(layers)
+    folder.mkdir(parents=True)
+    if kind == "torch":
+        import torch
+
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, folder / "ckpt.pth")
+        return folder / "ckpt.pth"
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    _dcp_save({"model": msd, "optim": osd}, folder / "step-2")
+    return folder / "step-2"
+
+
+@pytest.mark.parametrize("kind", ["torch", "dcp"])
+def test_inspect_requests_do_not_grow_with_the_parameter_count(s3, tmp_path, kind):
+    """torch.save and DCP write each parameter's state together: its moments, then its `step`. Its step, its
+    records' zip headers (and each DCP record's own zip) then lie apart from the next parameter's, a request
+    each: 913 requests for 300 parameters of a torch file, 1,034 for a DCP folder, before. Past
+    `remote.PREFETCH_BUDGET` requests inspect leaves them for when they are read and says so (the steps
+    read from both ends of the state: the embedding's and the head's); the same number of requests for 10
+    and 40 parameters. `--scan` reads every one and equals the local report; repair equals the local one."""
+    from bench.sharded import build_tokenizer
+
+    costs = []
+    for layers in (10, 40):
+        path = _deep_checkpoint(tmp_path / f"l{layers}", kind, layers)
+        url = s3.url(f"deep/{layers}/{path.name}")
+        s3.upload(str(path), url)
+        requests, nbytes, there = _cost(s3, "inspect", url)
+        assert there.exit_code == 0, there
+        notes = [line for line in there.stdout.splitlines() if "object storage:" in line]
+        assert f"the step of {layers + 2 - 8} of {layers + 2} parameters was not read" in notes[-1], notes
+        assert "tensor record(s) were not opened" in notes[0], notes
+        here = run("inspect", path)
+        assert [x for x in there.stdout.splitlines() if x not in notes] == _as_url(here.stdout, path, url).splitlines()
+        costs.append((requests, nbytes))
+    print(f"{kind}: 12 parameters -> {costs[0][0]} requests, {costs[0][1]:,} B; "
+          f"42 -> {costs[1][0]} requests, {costs[1][1]:,} B")
+    assert costs[0][0] == costs[1][0] <= remote.PREFETCH_BUDGET + 6, costs
+    assert max(nbytes for _, nbytes in costs) < MAX_BYTES, costs
+    _same_report(s3, path, url, scan=True)
+    tok = tmp_path / "tok.json"
+    build_tokenizer(str(tok), 308)
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    _repairs_alike(s3, path, url, tok, tmp_path)
+
+
+def test_a_zip_record_read_later_is_checked_for_overlap_then(s3, tmp_path, monkeypatch):
+    """With no request to spare (`PREFETCH_BUDGET` 0) the zip's local headers are read with their records:
+    a central directory pointing one record at another's header is refused when that record is read, with
+    the line the local check gives when the archive is opened."""
+    import struct
+    import zipfile
+
+    path = _deep_checkpoint(tmp_path / "d", "torch", 2)
+    data = bytearray(path.read_bytes())
+    infos = {i.filename: i for i in zipfile.ZipFile(path).infolist()}
+    prefix = next(iter(infos)).split("/")[0]
+    at = data.find(b"PK\x01\x02") - 1
+    while (at := data.find(b"PK\x01\x02", at + 1)) >= 0:
+        name_len = struct.unpack_from("<H", data, at + 28)[0]
+        if data[at + 46:at + 46 + name_len] == f"{prefix}/data/1".encode():
+            struct.pack_into("<I", data, at + 42, infos[f"{prefix}/data/0"].header_offset)
+    path.write_bytes(bytes(data))
+    s3.upload(str(path), s3.url("bad/ckpt.pth"))
+    monkeypatch.setattr(remote, "PREFETCH_BUDGET", 0)
+    line = (f"ckptfix: error: {s3.url('bad/ckpt.pth')}: zip members '{prefix}/data/0' and '{prefix}/data/1' overlap in the file "
+            "(one's bytes would be read as the other's); not an archive torch.save writes")
+    local = run("inspect", path)
+    assert local.exit_code == 2 and local.stderr.strip() == line.replace(s3.url("bad/ckpt.pth"), str(path)), local
+    lazy = run("inspect", s3.url("bad/ckpt.pth"))
+    assert lazy.exit_code == 0 and "tensor record(s) were not opened" in lazy.stdout, lazy
+    for args in (["inspect", "--scan"], ["repair", "-t", SEED / "tokenizer.model", "-o", tmp_path / "o.pth"]):
+        result = run(args[0], s3.url("bad/ckpt.pth"), *args[1:])
+        assert (result.exit_code, result.stderr.strip()) == (2, line), result
+    assert not (tmp_path / "o.pth").exists()
+
+
 def _sharded_dcp(folder: Path, monkeypatch, rows: int, width: int) -> Path:
     """bench/sharded.py's 8-rank FSDP save (model + AdamW moments, each tensor in 8 pieces), small."""
     import bench.sharded as sharded

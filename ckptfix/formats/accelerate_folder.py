@@ -44,7 +44,8 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
         ckpt.tied = common.find_tied(ckpt.model)
         _use(ckpt, "model", models[0])
     if optimizers:
-        tree, locate_for, _ = torch_file.load(optimizers[0], opaque=trust_pickle)
+        tree, locate_for, archive = torch_file.load(optimizers[0], opaque=trust_pickle)
+        ckpt.unopened_records += len(archive.unchecked) if archive is not None else 0
         if not common.is_optimizer_state(tree):
             raise UnreadableCheckpoint(f"{optimizers[0]}: not an optimizer state_dict")
         ckpt.optimizer = common.parse_optimizer(tree, locate_for, optimizers[0])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Iterator, Mapping
 
 from ckptfix.checkpoint import (
@@ -162,14 +163,17 @@ def parse_optimizers(found: list[tuple[str, Mapping]], locate_for: Locator | Non
         return parse_optimizer(found[0][1], locate_for, origin)
     groups: list[ParamGroup] = []
     state: dict[Any, ParamState] = {}
-    parts = []
+    parts: list[OptimizerPart] = []
+    unread: list[tuple[ParamState, TensorInfo]] = []
     for k, (section, sd) in enumerate(found):
         one = parse_optimizer(sd, locate_for, f"{origin}: {section}")
+        unread += one.unread_steps
         groups += [ParamGroup([(k, i) for i in g.params], g.options) for g in one.groups]
         state.update({(k, i): ps for i, ps in one.state.items()})
         parts.append(OptimizerPart(section, one.kind, len(one.groups),
                                    frozenset((k, i) for i in [*one.indices(), *one.state])))
-    return OptimizerState(kind=" + ".join(p.kind for p in parts), groups=groups, state=state, parts=parts)
+    return OptimizerState(kind=" + ".join(p.kind for p in parts), groups=groups, state=state, parts=parts,
+                          unread_steps=unread)
 
 
 def _is_composer(tree: Mapping) -> bool:
@@ -283,6 +287,7 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
             raise UnreadableCheckpoint(f"{origin}: optimizer param group with a parameter id that is not an int or name")
         groups.append(ParamGroup(params=list(g["params"]), options=options))
     state = {}
+    step_tensors: list[tuple[ParamState, TensorInfo]] = []
     for index, entries in state_raw.items():
         if not isinstance(entries, Mapping):  # every torch optimizer keeps a dict per parameter
             raise fail(origin, f"optimizer state[{escape(index, 80)}]", "a dict of per-parameter state", entries)
@@ -291,7 +296,10 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
             value = _lazy(value, ("state", index, key), locate_for)
             nested = _nested_tensors(key, value, ("state", index), locate_for)
             if key == "step":
-                ps.step = read_scalar(value) if isinstance(value, TensorInfo) else _number(value)
+                if isinstance(value, TensorInfo):
+                    step_tensors.append((ps, value))
+                else:
+                    ps.step = _number(value)
                 ps.step_kind = "tensor" if isinstance(value, TensorInfo) else type(value).__name__
             elif isinstance(value, TensorInfo):
                 ps.tensors[key] = value
@@ -300,7 +308,31 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
             else:
                 ps.other[key] = value
         state[index] = ps
-    return OptimizerState(kind=infer_kind(state, groups), groups=groups, state=state)
+    unread = read_steps(step_tensors)
+    return OptimizerState(kind=infer_kind(state, groups), groups=groups, state=state, unread_steps=unread)
+
+
+def read_steps(found: list[tuple[ParamState, TensorInfo]], everything: bool = False) -> list[tuple[ParamState, TensorInfo]]:
+    """Each parameter's `step` tensor, read into its ParamState; those left unread.
+
+    In object storage a step that lies among the moments (torch.save and DCP write each parameter's state
+    together) costs a request of its own: hundreds for a large model. There the steps are read from both
+    ends of the state (the embedding and the head, in most models' order) while reading costs no more than
+    `remote.PREFETCH_BUDGET` requests; the rest stay unread (`everything`: read them all, as `--scan` does),
+    and the report says how many."""
+    remote = sys.modules.get("ckptfix.remote")
+    if everything or remote is None or not remote.active():
+        for ps, tensor in found:
+            ps.step = read_scalar(tensor)
+        return []
+    both_ends = [found[i // 2] if i % 2 == 0 else found[-1 - i // 2] for i in range(len(found))]
+    start, unread = remote.stats().requests, []
+    for ps, tensor in both_ends:
+        if remote.stats().requests - start >= remote.PREFETCH_BUDGET:
+            unread.append((ps, tensor))
+        else:
+            ps.step = read_scalar(tensor)
+    return unread
 
 
 def _nested_tensors(key: Any, value: Any, where: tuple, locate_for: Locator | None,

@@ -54,6 +54,7 @@ from ckptfix.checkpoint import (
     ByteRange,
     Checkpoint,
     TensorInfo,
+    contiguous_stride,
     file_map,
     stored_to_torch,
 )
@@ -98,6 +99,7 @@ class Item:
     pieces: list[tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=list)  # (offsets, sizes)
     blobs: list[tuple[str, int, int, Any]] = field(default_factory=list)  # (file, offset, length, transforms)
     blob_offsets: list[tuple[int, ...] | None] = field(default_factory=list)  # the piece each blob holds
+    unopened: bool = False  # in object storage: its records are opened when read (`_prefetch_records`)
 
     @property
     def chunks(self) -> int:
@@ -341,35 +343,42 @@ def read_metadata(path: str, name: str = METADATA_FILE) -> tuple[dict[str, Item]
             item.blobs.append(_blob(path, _fields(info, "_StorageInfo", file), file, item.fqn))
             item.blob_offsets.append(_dims(where.get("offset"), file) if where.get("offset") is not None else None)
     version = state.get("version")
-    _prefetch_blob_ends(items)
+    _prefetch_records(items)
     return items, str(version) if isinstance(version, (str, int)) else None
 
 
 _BLOB_END = 8192  # a record's zip this small (a step, a scalar, a bias) is fetched whole
-_BLOB_HEAD = 4096  # a larger one's first page: its zip magic and data.pkl's header, which inspect reads
+_BLOB_PAGE = 4096  # of a larger one, each end: its zip's data.pkl, and its central directory and end records
 
 
-def _prefetch_blob_ends(items: dict[str, Item]) -> None:
-    """In object storage (`ckptfix.remote`), what inspect reads of each record (a small record whole, a
-    large one's first page) in a few merged requests, before the readers ask for them one by one."""
+def _prefetch_records(items: dict[str, Item]) -> None:
+    """In object storage (`ckptfix.remote`), what inspect reads of each record, in a few merged requests
+    before the readers ask for it piece by piece: the pickled objects (param_groups values, a scheduler's
+    state) whole, and each tensor record's ends (a small one whole: its zip's pickle and end records) when
+    those lie together within `remote.PREFETCH_BUDGET` requests (a small or 1-rank save). Where they lie
+    among the large ones (a request or two each: a step after each parameter's moments, tens of thousands
+    of pieces for a large sharded run), the tensor records are left unopened (`Item.unopened`): `.metadata`
+    gives their shapes and dtypes, and each is opened and checked when its rows are read."""
     remote = sys.modules.get("ckptfix.remote")
-    if remote is None:
+    if remote is None or not remote.active():
         return
-    ranges = []
-    for item in items.values():
-        for file, start, length, _ in item.blobs:
-            if length <= _BLOB_END:
-                ranges.append((file, start, length))
-            elif len(item.pieces) <= 1:  # a sharded tensor's pieces are opened when read (`_pieces_problem`)
-                ranges.append((file, start, _BLOB_HEAD))
-    remote.prefetch(ranges)
+
+    def ends(item: Item) -> list[tuple[str, int, int]]:
+        return [r for file, start, length, _ in item.blobs
+                for r in ([(file, start, length)] if length <= _BLOB_END else
+                          [(file, start, _BLOB_PAGE), (file, start + length - _BLOB_PAGE, _BLOB_PAGE)])]
+
+    remote.prefetch([r for item in items.values() if not item.is_tensor for r in ends(item)])
+    tensors = [item for item in items.values() if item.is_tensor]
+    if not remote.prefetch([r for item in tensors for r in ends(item)], budget=remote.PREFETCH_BUDGET):
+        for item in tensors:
+            item.unopened = True
 
 
-def _deferred(file: str) -> bool:
-    """A data file in object storage: a large piece's record is opened when its rows are read, not by
-    inspect (a request per piece: 200 for a 2 GB 8-rank save, tens of thousands for a large run)."""
+def _opened_when_read(item: Item, blob: tuple) -> bool:
+    """A record in object storage left for when its rows are read (`_prefetch_records`)."""
     remote = sys.modules.get("ckptfix.remote")
-    return remote is not None and remote.is_mirrored(file)
+    return item.unopened and not blob[3] and remote is not None and remote.is_mirrored(blob[0])
 
 
 MAX_PATH_KEYS = 64  # state-dict nesting in a planner path; real ones are 2-4 deep
@@ -506,12 +515,15 @@ def _tree(path: str, items: dict[str, Item], ckpt: Checkpoint, trust_pickle: boo
     if pending:
         ckpt.notes.append(f"{len(pending)} tensor(s) cannot be read in place ({pending[0]}); "
                           "inspect still works, values need torch.distributed.checkpoint")
-    unopened = sum(1 for item in items.values() if len(item.pieces) > 1 for blob in item.blobs
-                   if blob[2] > _BLOB_END and _deferred(blob[0]))
-    if unopened:
-        ckpt.notes.append(f"object storage: the records of {unopened} tensor piece(s) were not opened (a request "
-                          "each); each is checked when its rows are read (repair, --scan)")
+    ckpt.unopened_records = unopened_records(items)
     return _listify(root)
+
+
+def unopened_records(items: dict[str, Item]) -> int:
+    """Tensor records left for when they are read (`_prefetch_records`); per-parameter steps have their own
+    count (`common.read_steps`)."""
+    return sum(1 for item in items.values() if item.is_tensor and item.path[-1] != "step"
+               for blob in item.blobs if _opened_when_read(item, blob))
 
 
 def insert_at(root: dict, keys: tuple, value: Any) -> None:
@@ -587,6 +599,8 @@ def _tensor(path: str, item: Item, pending: list[str]) -> TensorInfo:
     if len(item.pieces) > 1:
         return ShardedTensor(name=item.fqn, shape=item.shape, dtype=item.dtype, locate=_refuse(item, "sharded"),
                              storage_id=f"dcp:{item.fqn}", item=item)
+    if _opened_when_read(item, item.blobs[0]):
+        return _unopened_record(path, item.fqn, item.shape, item.dtype, item.blobs[0])
     return _record_tensor(path, item.fqn, item.shape, item.dtype, item.blobs[0])
 
 
@@ -608,6 +622,29 @@ def _record_tensor(path: str, name: str, shape: tuple[int, ...], dtype: str, blo
     where = blob.record(f"data/{ref.storage.key}")
     return TensorInfo(name=name, shape=shape, dtype=dtype, locate=lambda: where, storage_id=f"{file}:{where.start}",
                       offset=ref.offset, stride=ref.stride)
+
+
+def _unopened_record(path: str, name: str, shape: tuple[int, ...], dtype: str, blob_at: tuple) -> TensorInfo:
+    """The tensor at `blob_at` as `.metadata` describes it, its record opened and checked when first read.
+    DCP's writer saves each record as its own whole storage (a view is cloned first): element 0, contiguous,
+    which opening checks, so the offset and stride given now are the record's."""
+    opened: list[TensorInfo] = []
+
+    def locate() -> ByteRange:
+        if not opened:
+            if blob_at[2] <= _BLOB_END:  # the whole record in one request, not its zip end then its pickle
+                sys.modules["ckptfix.remote"].prefetch([blob_at[:3]])
+            problem = _blob_problem(blob_at)
+            if problem:
+                raise UnreadableCheckpoint(f"{blob_at[0]}: record of {name!r}: {problem}")
+            tensor = _record_tensor(path, name, shape, dtype, blob_at)
+            if tensor.offset or (tensor.stride is not None and tuple(tensor.stride) != contiguous_stride(shape)):
+                raise UnreadableCheckpoint(f"{blob_at[0]}: record of {name!r} holds a view (offset {tensor.offset}, "
+                                           f"stride {tensor.stride}), not the whole storage DCP writes")
+            opened.append(tensor)
+        return opened[0].locate()
+
+    return TensorInfo(name=name, shape=shape, dtype=dtype, locate=locate, storage_id=f"{blob_at[0]}@{blob_at[1]}")
 
 
 @dataclass
@@ -651,7 +688,7 @@ def _unreadable_reason(item: Item) -> str:
         return _pieces_problem(item)
     if len(item.blobs) != 1:
         return f"{len(item.blobs)} storage records for one piece"
-    return _blob_problem(item.blobs[0])
+    return "" if _opened_when_read(item, item.blobs[0]) else _blob_problem(item.blobs[0])
 
 
 def _blob_problem(blob: tuple) -> str:
@@ -675,7 +712,7 @@ def _pieces_problem(item: Item) -> str:
         blob = item.blob_for(offsets)
         if blob is None:
             return f"no storage record for the piece at {list(offsets)}"
-        problem = "" if blob[2] > _BLOB_END and not blob[3] and _deferred(blob[0]) else _blob_problem(blob)
+        problem = "" if _opened_when_read(item, blob) else _blob_problem(blob)
         if problem:
             return problem
         total += math.prod(sizes)

@@ -131,7 +131,8 @@ def _read_weights(file: str, trust_pickle: bool, pickles: dict[str, Any]) -> dic
 def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> None:
     optimizer = os.path.join(path, "optimizer.pt")
     if os.path.exists(optimizer):
-        tree, locate_for, _ = torch_file.load(optimizer, opaque=trust_pickle)
+        tree, locate_for, archive = torch_file.load(optimizer, opaque=trust_pickle)
+        ckpt.unopened_records += len(archive.unchecked) if archive is not None else 0
         ckpt.pickles["optimizer.pt"] = tree
         if not common.is_optimizer_state(tree):
             raise UnreadableCheckpoint(f"{optimizer}: not an optimizer state_dict")

@@ -125,6 +125,7 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     for fqn in items:  # Megatron's state dict is flat: the FQN is the whole path
         items[fqn].path = (fqn,)
     tensors, pending = _tensors(folder, items)
+    ckpt.unopened_records = dcp_folder.unopened_records(items)
     common_tree, locate_for = _read_common(folder, ckpt, trust_pickle)
     layout.common_tree = common_tree
     ckpt.model = {fqn: t for fqn, t in tensors.items() if not fqn.startswith("optimizer.")}

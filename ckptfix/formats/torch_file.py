@@ -13,7 +13,7 @@ import struct
 import sys
 import zipfile
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from ckptfix.checkpoint import ByteRange, Checkpoint, file_map
@@ -46,6 +46,9 @@ class TorchArchive:
     duplicates: list[str]
     size: int
     big_endian: bool = False  # the `byteorder` record says "big" (see `byte_order`)
+    # records whose local header `open_archive` left unread (object storage, `_prefetch_headers`): the next
+    # member's header offset and name, which each must end before when it is read (`_end_before_next`)
+    unchecked: dict[str, tuple[int, str]] = field(default_factory=dict)
 
     def record_range(self, key: str, itemsize: int = 1) -> ByteRange:
         """Where record data/`key` lies; in a big-endian archive, a range of `itemsize`-byte elements is
@@ -60,6 +63,8 @@ class TorchArchive:
         start = self._data_start(info)
         if start + info.file_size > self.size:
             raise UnreadableCheckpoint(f"{self.path}: record data/{key} runs past the end of the file (truncated?)")
+        if info.filename in self.unchecked:
+            self._end_before_next(info, start)
         return ByteRange(self.path, start, info.file_size, self.big_endian and itemsize > 1)
 
     def _data_start(self, info: zipfile.ZipInfo) -> int:
@@ -72,6 +77,17 @@ class TorchArchive:
         fields = _LOCAL_HEADER.unpack(header)
         name_len, extra_len = fields[-2], fields[-1]
         return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+
+    def _end_before_next(self, info: zipfile.ZipInfo, start: int) -> None:
+        """`_refuse_overlaps` for one record, when it is read: the local header it points at is its own (not
+        another member's), and its bytes end before the next member's header."""
+        name_at = info.header_offset + _LOCAL_HEADER.size
+        name = bytes(file_map(self.path)[name_at:name_at + len(info.orig_filename.encode())])
+        if name != info.orig_filename.encode():
+            _overlap(self.path, info.filename, name.decode("utf-8", "replace"))
+        next_header, next_name = self.unchecked[info.filename]
+        if start + info.compress_size > next_header:
+            _overlap(self.path, info.filename, next_name)
 
     def verify_crcs(self, progress=None) -> list[str]:
         """Members whose stored bytes do not match the CRC-32 in the central directory."""
@@ -189,13 +205,44 @@ def open_archive(path: str) -> TorchArchive:
             duplicates.append(info.filename)
         members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
     archive = TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
-    remote = sys.modules.get("ckptfix.remote")
-    if remote is not None:  # in object storage: every local header (and each small record) in a few requests
-        remote.prefetch([(path, i.header_offset, _LOCAL_HEADER.size + len(i.orig_filename.encode()) + 128
-                          + (i.file_size if i.file_size <= _SMALL_RECORD else 0)) for i in infos])
-    _refuse_overlaps(archive, infos)
+    if not _prefetch_headers(path, prefix, infos):
+        archive.unchecked = _next_headers(infos, archive.size, prefix)
+    _refuse_overlaps(archive, [i for i in infos if i.filename not in archive.unchecked])
     archive.big_endian = byte_order(archive) == "big"
     return archive
+
+
+def _prefetch_headers(path: str, prefix: str, infos: list[zipfile.ZipInfo]) -> bool:
+    """In object storage, every member's local header (and each small record whole) in a few requests:
+    True. The tensor records' ones only within `remote.PREFETCH_BUDGET` requests: when they lie among
+    large records (a step after each parameter's moments: a request each, hundreds for a large model),
+    False, and they are read with their records."""
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is None or not remote.active():
+        return True
+
+    def span(i: zipfile.ZipInfo) -> tuple[str, int, int]:
+        return (path, i.header_offset, _LOCAL_HEADER.size + len(i.orig_filename.encode()) + 128
+                + (i.file_size if i.file_size <= _SMALL_RECORD else 0))
+
+    records = [i for i in infos if i.filename.startswith(f"{prefix}/data/")]
+    remote.prefetch([span(i) for i in infos if not i.filename.startswith(f"{prefix}/data/")])  # data.pkl & co
+    return remote.prefetch([span(i) for i in records], budget=remote.PREFETCH_BUDGET)
+
+
+def _next_headers(infos: list[zipfile.ZipInfo], size: int, prefix: str) -> dict[str, tuple[int, str]]:
+    """Each tensor record's next member in the file (its header offset and name; the file's end for the
+    last), by header offset."""
+    order = sorted(infos, key=lambda i: i.header_offset)
+    nexts = [(i.header_offset, i.filename) for i in order[1:]] + [(size, "")]
+    return {i.filename: after for i, after in zip(order, nexts) if i.filename.startswith(f"{prefix}/data/")}
+
+
+def _overlap(path: str, first: str, second: str) -> None:
+    first, second = sorted((first, second))
+    raise UnreadableCheckpoint(
+        f"{path}: zip members '{escape(first[:120])}' and '{escape(second[:120])}' overlap in the "
+        "file (one's bytes would be read as the other's); not an archive torch.save writes")
 
 
 def _refuse_overlaps(archive: TorchArchive, infos: list[zipfile.ZipInfo]) -> None:
@@ -209,10 +256,7 @@ def _refuse_overlaps(archive: TorchArchive, infos: list[zipfile.ZipInfo]) -> Non
     spans.sort()
     for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
         if begin < end:
-            first, second = sorted((first, second))
-            raise UnreadableCheckpoint(
-                f"{archive.path}: zip members '{escape(first[:120])}' and '{escape(second[:120])}' overlap in the "
-                "file (one's bytes would be read as the other's); not an archive torch.save writes")
+            _overlap(archive.path, first, second)
 
 
 def byte_order(archive: TorchArchive) -> str:
@@ -338,6 +382,7 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     if archive is not None and archive.duplicates:
         ckpt.notes.append(f"duplicate zip member names (torch.load may read either copy): {', '.join(archive.duplicates[:5])}")
     ckpt.handle = archive
+    ckpt.unopened_records = len(archive.unchecked) if archive is not None else 0
     return ckpt
 
 
