@@ -31,8 +31,9 @@ def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
         v, lm = past
         return (f"{v.name} has {v.rows} rows, {v.rows - lm} past the vocab size {lm} its config records, and the "
                 "model has no head to tell whether they are rows the class adds past its vocab (MllamaModel: "
-                "vocab_size + 8) or the config was left at an old size: which rows are tokens is not recorded, "
-                "so ckptfix does not resize it; grow it with the model's own code")
+                "vocab_size + 8) or the config was left at an old size: which rows are tokens is not recorded. "
+                f"If the class adds them, pass --own-rows {v.rows - lm}; if not, set the recorded vocab size to "
+                f"{v.rows} and repair again")
     quantized = quantized_vocab_tensors(ckpt, vocab)
     if quantized:
         return (f"{quantized[0]} is a quantized vocab tensor ({ckpt.model[quantized[0]].dtype}"

@@ -148,6 +148,9 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
 @click.option("--keep", multiple=True, metavar="PATH",
               help="A value the audit names (a tensor, a config entry) that is not indexed by this tokenizer's ids "
               "(a separate vocabulary, a count that only happens to equal the vocab size): kept as it is. Repeatable.")
+@click.option("--own-rows", type=click.IntRange(min=1), metavar="N",
+              help="The embedding's last N rows are the model class's own, past its vocab (MllamaModel: 8 image "
+              "rows), where no head tells (CKF107): kept after the tokens, rows = tokens + N.")
 @click.option("--policy", type=click.Choice(REPAIR_POLICIES),
               help="Optimizer state: remap moments (default for Adam), fresh (drop state, keep schedule), reset (drop both).")
 @click.option("--init", "init", type=click.Choice(["pieces", "mean", "zeros", "normal"]),
@@ -169,7 +172,7 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
               "checkpoint-N/ folders with safetensors weights; others: repair into a new path with -o.")
 @_QUIET
 def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str | None, keep_ids: bool,
-           keep: tuple[str, ...], policy: str | None, init: str | None,
+           keep: tuple[str, ...], own_rows: int | None, policy: str | None, init: str | None,
            std: float, pad_to_multiple_of: int | None, seed: int, dry_run: bool, force: bool, as_json: bool,
            trust_pickle: bool, in_place: bool, quiet: bool) -> None:
     """Resize embeddings/heads and their optimizer state to TOKENIZER; write a new resume checkpoint.
@@ -189,7 +192,7 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
     result = run_repair(checkpoint, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
                         pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
                         trust_pickle=trust_pickle, seed=seed, in_place=in_place, keep_ids=keep_ids, keep=keep,
-                        progress=terminal_progress(quiet))
+                        own_rows=own_rows, progress=terminal_progress(quiet))
     if as_json:
         _emit_json(result.to_json())
     else:

@@ -152,13 +152,14 @@ def _unread_in_object_storage(ckpt: Checkpoint, scan: bool) -> list[str]:
 
 
 def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, verify: bool = False,
-            progress: Callable | None = None, from_tokenizer: Any = None) -> Report:
-    """Run every check on an already-read checkpoint (repair and the guard reuse this)."""
+            progress: Callable | None = None, from_tokenizer: Any = None, own_rows: int | None = None) -> Report:
+    """Run every check on an already-read checkpoint (repair and the guard reuse this). `own_rows`: repair's
+    `--own-rows` (`vocab.declare_own_rows`)."""
     from ckptfix.identity import identity_notes, known_old_tokenizer
 
     mapping = map_optimizer(ckpt)
     notes: list[str] = _unread_in_object_storage(ckpt, scan)
-    vocab = find_vocab_tensors(ckpt, mapping, tokenizer.size if tokenizer is not None else None, notes)
+    vocab = find_vocab_tensors(ckpt, mapping, tokenizer.size if tokenizer is not None else None, notes, own_rows)
     old, identity = None, None
     if tokenizer is not None or from_tokenizer is not None:
         identity = old, known = known_old_tokenizer(ckpt, vocab_rows(vocab), from_tokenizer)

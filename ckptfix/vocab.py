@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.errors import RepairError
 from ckptfix.mapping import ParamMapping
 from ckptfix.recorded import find_recorded, recorded_rows, separate_vocabularies
 
@@ -63,13 +64,14 @@ def padding_multiple(rows: int, tokens: int) -> int | None:
 
 
 def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: int | None = None,
-                       notes: list[str] | None = None) -> list[VocabTensor]:
+                       notes: list[str] | None = None, own_rows: int | None = None) -> list[VocabTensor]:
     """Vocab tensors by structure: every float tensor with the vocab's row count along a dimension in the
     place a vocab tensor has it, whatever its name: (rows, width) embeddings and heads, (rows,) head and
     MLM decoder biases, (1, rows) `final_logits_bias`. The rows and the model width come from the named
     embeddings, else from the 2-D tensor whose rows are nearest the tokenizer's size. A tensor that has
     the rows elsewhere (a (width, rows) matrix, a table named like positions) is reported in `notes` as
-    ambiguous and left alone: a size can match by accident (an attention projection is not a vocab tensor)."""
+    ambiguous and left alone: a size can match by accident (an attention projection is not a vocab tensor).
+    `own_rows`: the user's word for rows the embedding's class adds past its vocab (`declare_own_rows`)."""
     separate, kept = _separate_rows(ckpt), separate_tensors(ckpt)  # another vocabulary's tensors: never the LM's
     stated = stated_offsets(ckpt.extras)
     rows, widths = _vocab_dims(ckpt, tokenizer_size, set(separate), stated)
@@ -97,6 +99,8 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
     found.update(_token_lookups(ckpt, rows, kept))
     found = {**_offset_tables(ckpt, found, widths, kept, stated), **found}
     _set_offsets(ckpt, found, stated)
+    if own_rows is not None:
+        declare_own_rows(ckpt, list(found.values()), own_rows)
     _attach_moments(ckpt, mapping, found)
     return list(found.values())
 
@@ -226,6 +230,21 @@ def rows_past_recorded(ckpt: Checkpoint, vocab: list[VocabTensor]) -> tuple[Voca
         return None
     (lm,) = recorded
     return (embeds[0], lm) if 0 < embeds[0].rows - lm <= MAX_OFFSET else None
+
+
+def declare_own_rows(ckpt: Checkpoint, vocab: list[VocabTensor], own_rows: int) -> None:
+    """`--own-rows N`: the user says the embedding's last N rows are the model class's own (MllamaModel:
+    vocab_size + 8), which no head tells here (`rows_past_recorded`). It must be exactly the rows past the
+    recorded size: anything else is a bad flag (exit 2), never a guess."""
+    past = rows_past_recorded(ckpt, vocab)
+    if past is None:
+        raise RepairError(f"--own-rows {own_rows}: no embedding here has rows past its recorded vocab size "
+                           "without a head to hold that size; drop the flag")
+    v, lm = past
+    if own_rows != v.rows - lm:
+        raise RepairError(f"--own-rows {own_rows}: {v.name} has {v.rows} rows, {v.rows - lm} past the vocab size "
+                           f"{lm} its config records; pass --own-rows {v.rows - lm} if the class adds them")
+    v.offset = own_rows
 
 
 _GENERIC_WORDS = {"num", "n", "max", "min", "total", "use", "is"}

@@ -185,20 +185,33 @@ def test_head_columns_beside_a_tied_head_grow_as_columns(tmp_path):
     assert torch.isfinite(torch.tensor(registry_step(fixed, opt2, sched2, VOCAB + 3, seed=2)))
 
 
-def test_rows_past_the_recorded_size_without_a_head_are_a_warning_and_a_refusal(tmp_path):
+def test_rows_past_the_recorded_size_without_a_head_are_a_warning_a_refusal_and_a_flag(tmp_path):
     """MllamaModel (no head) has vocab_size + 8 embedding rows: at its own tokenizer's size that is CKF107, a
     warning naming both readings (the class's own rows, or a config left at an old size), not the false CKF102
     and CKF115 errors it was; after added tokens inspect has errors and repair refuses (exit 2), since which
-    rows are tokens is not recorded anywhere in the folder."""
+    rows are tokens is not recorded anywhere in the folder, naming the flag that says it: `--own-rows 8`
+    (any other count is refused). With it, the tokens grow and the 8 rows stay the class's, past them."""
     model = build_registry_model("mllama", "MllamaModel", VOCAB)
     src = _one_step_folder(model, tmp_path)
     same = ckptfix.inspect(str(src), tokenizer=str(word_level_tokenizer(tmp_path / "same.json", VOCAB)))
     assert [f.code for f in same.findings if f.severity != "info"] == ["CKF107"]
     grown = word_level_tokenizer(tmp_path / "grown.json", VOCAB + 3)
     assert any(f.severity == "error" for f in ckptfix.inspect(str(src), tokenizer=str(grown)).findings)
-    with pytest.raises(ckptfix.CkptfixError, match=r"8 past the vocab size 203 .* no head to tell"):
+    with pytest.raises(ckptfix.CkptfixError, match=r"8 past the vocab size 203 .* no head to tell.* --own-rows 8"):
         ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"))
     assert not (tmp_path / "fixed").exists()
+    with pytest.raises(ckptfix.CkptfixError, match=r"--own-rows 7: .* 8 past the vocab size 203 its config records; pass --own-rows 8"):
+        ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"), own_rows=7)
+    assert not (tmp_path / "fixed").exists()
+
+    # the flag the refusal names, from a user who knows the class adds 8 rows: the class's own answer
+    import transformers
+
+    ckptfix.repair(str(src), str(grown), str(tmp_path / "fixed"), own_rows=8)
+    fixed = transformers.MllamaModel.from_pretrained(tmp_path / "fixed")
+    old, new = model.get_input_embeddings().weight, fixed.get_input_embeddings().weight
+    assert fixed.config.text_config.vocab_size == VOCAB + 3 and new.shape[0] == VOCAB + 3 + 8
+    assert torch.equal(new[:VOCAB], old[:VOCAB]) and torch.equal(new[-8:], old[-8:])  # tokens, then its own rows
 
 
 def test_a_real_mllama_tokenizer_image_token_keeps_its_trained_row(tmp_path):

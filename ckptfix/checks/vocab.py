@@ -39,8 +39,8 @@ def rows_past_recorded_size(ctx: Context) -> Iterator[Finding]:
         "ckptfix cannot tell the model's own rows from a config left at an old size",
         pytorch=f"from_pretrained builds the class from vocab_size={lm}: it loads if the class adds those rows "
         f"itself (MllamaModel: vocab_size + 8), and raises 'size mismatch for {v.name}' if it does not.",
-        fix=f"If the class adds them, nothing to do; if not, set the recorded vocab size to {v.rows}. repair "
-        "refuses to grow this vocab (which rows are tokens is not recorded).", tensors=[v.name])
+        fix=f"If the class adds them, nothing to do (to grow the vocab: repair with --own-rows {v.rows - lm}); if "
+        f"not, set the recorded vocab size to {v.rows}.", tensors=[v.name])
 
 
 def _mismatched(ctx: Context, smaller: bool):

@@ -68,7 +68,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
            from_tokenizer: str | os.PathLike | None = None, policy: str | None = None, init: str | None = None,
            std: float = 0.02, pad_to_multiple_of: int | None = None, dry_run: bool = False, force: bool = False,
            trust_pickle: bool = False, seed: int = 0, in_place: bool = False, keep_ids: bool = False,
-           keep: Iterable[str] = (),
+           keep: Iterable[str] = (), own_rows: int | None = None,
            progress: Callable[[Iterable, int, str], Iterable] | None = None) -> RepairResult:
     """Fit a checkpoint to `tokenizer` and write it to `out` in the same format.
 
@@ -79,6 +79,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     token's text; the default when `from_tokenizer` is given), "mean" (HF mean_resizing; the default
     otherwise), "zeros" or "normal" (with `std`).
     `keep`: paths (as the audit prints them) that are not indexed by this tokenizer's ids: kept as they are.
+    `own_rows`: the embedding's last rows the model class adds past its vocabulary (MllamaModel: 8), where no
+    head tells (CKF107): kept past the tokens, rows = tokens + own_rows.
     `out` may equal the input only with `force`; the original is then kept as a `.bak`.
     `in_place` (DCP and sharded HF folders): rewrite only what changes inside the source folder, keeping
     the previous metadata/index as a backup that `ckptfix restore` puts back; `out` must then be omitted.
@@ -93,7 +95,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         return repair_to_object_store(repair, os.fspath(checkpoint), tokenizer, os.fspath(out), force=force,
                                       dry_run=dry_run, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                       std=std, pad_to_multiple_of=pad_to_multiple_of, trust_pickle=trust_pickle,
-                                      seed=seed, keep_ids=keep_ids, keep=keep, progress=progress)
+                                      seed=seed, keep_ids=keep_ids, keep=keep, own_rows=own_rows, progress=progress)
     if in_place and _is_url(checkpoint):  # written on the prefix's mirror, then published (ckptfix.publish)
         from ckptfix.publish import repair_in_place_in_object_store
 
@@ -101,7 +103,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
                                                from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
                                                pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
                                                trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids,
-                                               keep=tuple(keep), progress=progress)
+                                               keep=tuple(keep), own_rows=own_rows, progress=progress)
     source = os.fspath(checkpoint)
     if "://" in str(source):  # a URL: read through its sparse local mirror (ckptfix.remote)
         from ckptfix.remote import local_path
@@ -111,7 +113,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
         return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
                                 std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
                                 trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids, keep=tuple(keep),
-                                progress=progress)
+                                own_rows=own_rows, progress=progress)
     if not dry_run and out is not None:  # refused before anything is read, hashed or written
         check_output_path(source, os.fspath(out), force=force)
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
@@ -124,8 +126,9 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     new_hasher = (lambda: _NotHashed()) if staged else (lambda: BackgroundHash(source, paced=paced))
     hasher = new_hasher() if writes else None
     try:
-        plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, tuple(keep), policy=policy,
-                                        init=init, std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids)
+        plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, tuple(keep), own_rows,
+                                        policy=policy, init=init, std=std, pad_to_multiple_of=pad_to_multiple_of,
+                                        keep_ids=keep_ids)
         ckpt = plan.ckpt
         # looked up before --dry-run returns: a dry run never says "would write" for what the real run refuses
         writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
@@ -197,7 +200,7 @@ def _named(path: str) -> str:
 
 
 def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, trust_pickle: bool,
-                             keep: tuple[str, ...], formats: tuple[str, ...] | None = None,
+                             keep: tuple[str, ...], own_rows: int | None, formats: tuple[str, ...] | None = None,
                              **options: Any) -> RepairPlan:
     """The stages before writing: read, analyse, plan, audit (a refusal naming every value nobody accounts
     for). `formats`: the formats this repair accepts (--in-place), checked as soon as the checkpoint is read."""
@@ -210,7 +213,7 @@ def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, t
                           "repair into a new path with -o")
     tok = load_tokenizer(tokenizer)
     old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-    report = analyse(ckpt, tok, from_tokenizer=old_tok)
+    report = analyse(ckpt, tok, from_tokenizer=old_tok, own_rows=own_rows)
     plan = make_plan(report, tok, old_tok, keep=keep, **options)
     if not plan.is_noop():  # a format repair cannot write says so first (DeepSpeed ZeRO: the conversion command)
         _writer_for(ckpt.format, ckpt.path)
@@ -249,13 +252,14 @@ def _in_place_writer(fmt: str) -> Callable[..., str | None]:
 
 def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str | None,
                      std: float, pad_to_multiple_of: int | None, dry_run: bool, trust_pickle: bool,
-                     seed: int, keep_ids: bool = False, keep: tuple[str, ...] = (), progress: Any = None) -> RepairResult:
+                     seed: int, keep_ids: bool = False, keep: tuple[str, ...] = (), own_rows: int | None = None,
+                     progress: Any = None) -> RepairResult:
     """Only what changes is written, into the source itself. The source is not hashed for the record
     (that would read the whole folder, the cost in-place exists to avoid)."""
     if out is not None and os.path.abspath(os.fspath(out)) != os.path.abspath(source):
         raise RepairError("--in-place writes into the checkpoint itself; drop -o/--out")
-    plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, keep, policy=policy, init=init,
-                                    std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids,
+    plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, keep, own_rows, policy=policy,
+                                    init=init, std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids,
                                     formats=IN_PLACE_FORMATS)
     ckpt = plan.ckpt
     writer = None if plan.is_noop() else _in_place_writer(ckpt.format)
