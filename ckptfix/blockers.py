@@ -5,7 +5,14 @@ and finding vocab tensors must not import the formats."""
 from __future__ import annotations
 
 from ckptfix.checkpoint import Checkpoint
-from ckptfix.vocab import VocabTensor, id_list, quantized_vocab_tensors, rows_past_recorded, trainable_token_rows
+from ckptfix.vocab import (
+    VocabTensor,
+    id_list,
+    quantized_vocab_tensors,
+    rows_past_recorded,
+    split_table,
+    trainable_token_rows,
+)
 
 
 def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
@@ -26,6 +33,13 @@ def repair_blocker(ckpt: Checkpoint, vocab: list[VocabTensor]) -> str | None:
         return (f"the PEFT adapter trains rows for token ids {id_list(ids)} of {', '.join(sorted(tokens))} "
                 "(trainable_token_indices); ckptfix does not rewrite those rows or their ids: re-create the adapter "
                 "for the new tokenizer with the new ids of those tokens")
+    split = split_table(ckpt) if not vocab else None
+    if split is not None:
+        first, second = split
+        return (f"the embedding is saved in two parts that its loader concatenates, {first.name} ({first.shape[0]} "
+                f"rows) and {second.name} ({second.shape[0]}): {first.shape[0] + second.shape[0]} rows in all "
+                "(Molmo2: vocab_size + additional_vocab_size), split at a row the save chose; ckptfix does not "
+                "resize a table saved in parts: grow it with the model's own code")
     past = rows_past_recorded(ckpt, vocab)
     if past is not None:
         v, lm = past

@@ -113,9 +113,12 @@ CODEBOOK_KEYS = ("num_embeddings", "codebook_size")  # a VQ image tokenizer's co
 def _other_vocabulary(key: Any) -> bool:
     """A size the config itself names as another vocabulary's (`<name>_vocab_size`: Pop2Piano's
     `composer_vocab_size`, its composer embedding; a VQ codebook's size): separate. Token-type, segment and
-    position tables are not vocabularies (BERT's `type_vocab_size`)."""
+    position tables are not vocabularies (BERT's `type_vocab_size`), nor rows the LM's own vocabulary adds
+    (Molmo2's and Idefics' `additional_vocab_size`: ids past vocab_size, in the same table or one beside it)
+    or leaves out (Inkling's `unpadded_vocab_size`)."""
     return isinstance(key, str) and (key in CODEBOOK_KEYS or key.endswith("_vocab_size") and key not in VOCAB_KEYS
-                                     and not any(word in key for word in ("type", "segment", "position")))
+                                     and not any(word in key for word in ("type", "segment", "position"))
+                                     and not key.startswith(("additional_", "unpadded_")))
 
 
 def wrapped_text_key(node: dict, memo: dict[int, str | None] | None = None) -> str | None:

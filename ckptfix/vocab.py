@@ -232,6 +232,18 @@ def rows_past_recorded(ckpt: Checkpoint, vocab: list[VocabTensor]) -> tuple[Voca
     return (embeds[0], lm) if 0 < embeds[0].rows - lm <= MAX_OFFSET else None
 
 
+def split_table(ckpt: Checkpoint) -> tuple[TensorInfo, TensorInfo] | None:
+    """An embedding saved in two parts that the loader concatenates (Molmo2's `wte.embedding` and
+    `wte.new_embedding`: transformers joins them into `embed_tokens`, vocab_size + additional_vocab_size rows,
+    and splits them again on save, at whatever row): neither part's rows are the vocab's."""
+    for name, first in ckpt.model.items():
+        if name.endswith(".embedding") and len(first.shape) == 2:
+            second = ckpt.model.get(name[:-len("embedding")] + "new_embedding")
+            if second is not None and len(second.shape) == 2 and second.shape[1] == first.shape[1]:
+                return first, second
+    return None
+
+
 def declare_own_rows(ckpt: Checkpoint, vocab: list[VocabTensor], own_rows: int) -> None:
     """`--own-rows N`: the user says the embedding's last N rows are the model class's own (MllamaModel:
     vocab_size + 8), which no head tells here (`rows_past_recorded`). It must be exactly the rows past the

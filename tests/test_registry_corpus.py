@@ -214,6 +214,31 @@ def test_rows_past_the_recorded_size_without_a_head_are_a_warning_a_refusal_and_
     assert torch.equal(new[:VOCAB], old[:VOCAB]) and torch.equal(new[-8:], old[-8:])  # tokens, then its own rows
 
 
+def test_an_embedding_saved_in_two_parts_is_named_and_refused(tmp_path):
+    """Molmo2TextModel's embedding has vocab_size + additional_vocab_size rows; transformers 5 saves it as
+    `wte.embedding` + `wte.new_embedding` (its conversion mapping, reversed: split at the middle row, 166 + 165
+    of 331 here) and concatenates them on load. Before, inspect called `additional_vocab_size` a separate
+    vocabulary and named two MLP weights as its tensors, and repair said only that it found no embedding.
+    Now no separate vocabulary is claimed, CKF109 names the two parts, and repair refuses naming them."""
+    from tokenizer_factory import extend_tokenizer_json
+
+    model = build_registry_model("molmo2_text", "Molmo2TextModel", VOCAB)
+    src = _one_step_folder(model, tmp_path)
+    (tmp_path / "new").mkdir()
+    extend_tokenizer_json(src / "tokenizer.json", tmp_path / "new" / "tokenizer.json", ["<a>", "<b>", "<c>"])
+    same = ckptfix.inspect(str(src), tokenizer=str(src))
+    assert not [n for n in same.notes if "separate vocabulary" in n], same.notes
+    (found,) = [f for f in same.findings if f.code == "CKF109"]
+    assert "saved in two parts its loader concatenates, wte.embedding (166 rows) and wte.new_embedding (165)" \
+        in found.message
+    grown = ckptfix.inspect(str(src), tokenizer=str(tmp_path / "new"))
+    assert "CKF113" in {f.code for f in grown.findings}
+    with pytest.raises(ckptfix.CkptfixError, match=r"saved in two parts .* wte.embedding \(166 rows\) and "
+                       r"wte.new_embedding \(165\): 331 rows in all .* does not resize a table saved in parts"):
+        ckptfix.repair(str(src), str(tmp_path / "new"), str(tmp_path / "fixed"))
+    assert not (tmp_path / "fixed").exists()
+
+
 def test_a_real_mllama_tokenizer_image_token_keeps_its_trained_row(tmp_path):
     """Llama 3.2 Vision's tokenizer has <|image|> at id vocab_size (image_token_index = 128256), looked up in the
     first of the embedding's 8 rows past the vocab. Before, inspect called the healthy pair an error (CKF101: "id

@@ -7,7 +7,7 @@ from typing import Iterator
 from ckptfix.checks.codes import Context, Finding, check, finding
 from ckptfix.fit import Fit, fit_rows
 from ckptfix.recorded import megatron_padding, model_token_ids, recorded_rows
-from ckptfix.vocab import VocabTensor
+from ckptfix.vocab import VocabTensor, split_table
 from ckptfix.vocab import rows_past_recorded as past_recorded
 
 _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {name}' for a model built for "
@@ -91,6 +91,10 @@ def no_vocab_tensor(ctx: Context) -> Iterator[Finding]:
         return
     recorded = sorted(recorded_rows(ctx.ckpt.extras))
     said = f"; the checkpoint records a vocab size of {'/'.join(map(str, recorded))}" if recorded else ""
+    split = split_table(ctx.ckpt)
+    if split is not None:
+        said += (f"; the embedding is saved in two parts its loader concatenates, {split[0].name} ({split[0].shape[0]} "
+                 f"rows) and {split[1].name} ({split[1].shape[0]}), which ckptfix does not compare")
     yield finding(
         "CKF109", f"no tensor of the model's {len(ctx.ckpt.model)} was recognised as a vocab tensor: the "
         f"tokenizer's {ctx.tokenizer.size} tokens were compared with nothing{said}",
