@@ -287,6 +287,8 @@ def describe(refused: Iterable[Refusal]) -> str:
 def refusals(opt: Any, vocab: Iterable[Any]) -> list[Refusal]:
     """What repair's default policy would refuse to remap in optimizer state `opt` when the vocab tensors
     `vocab` (`ckptfix.vocab.VocabTensor`) are resized; [] when all is understood."""
+    from ckptfix.vocab import rows_on_last_axis  # here: this module stays a leaf of the import graph
+
     if opt is None or not opt.state:
         return []
     out = []
@@ -294,7 +296,7 @@ def refusals(opt: Any, vocab: Iterable[Any]) -> list[Refusal]:
         entry = opt.state.get(v.optimizer_index) if v.optimizer_index is not None and v.tied_to is None else None
         for key, t in (entry.tensors.items() if entry is not None else ()):
             action = action_for(opt.kind_of(v.optimizer_index), key, t.shape, t.dtype, v.shape,
-                                v.role == "head-bias" and len(t.shape) == 2)
+                                rows_on_last_axis(v.role, t.shape))
             if action.what == "refuse":
                 out.append((key, v.name, action.why))
     return out + unremappable({opt.kind_of(i) for i in opt.state}, state_keys(opt.state))

@@ -232,6 +232,12 @@ def rows_past_recorded(ckpt: Checkpoint, vocab: list[VocabTensor]) -> tuple[Voca
     return (embeds[0], lm) if 0 < embeds[0].rows - lm <= MAX_OFFSET else None
 
 
+def rows_on_last_axis(role: str, shape: tuple[int, ...]) -> bool:
+    """Whether a vocab tensor's rows lie on its last axis: a (k, vocab) head bias (BART's `final_logits_bias`
+    (1, vocab), MobileBERT's head columns). Every other vocab tensor, a 1-D bias included, has them on axis 0."""
+    return role == "head-bias" and len(shape) == 2
+
+
 def split_table(ckpt: Checkpoint) -> tuple[TensorInfo, TensorInfo] | None:
     """An embedding saved in two parts that the loader concatenates (Molmo2's `wte.embedding` and
     `wte.new_embedding`: transformers joins them into `embed_tokens`, vocab_size + additional_vocab_size rows,

@@ -37,7 +37,7 @@ from ckptfix.surgery.rows import (
     plan_by_id,
     plan_by_token,
 )
-from ckptfix.vocab import near, separate_tensors, vocab_rows
+from ckptfix.vocab import near, rows_on_last_axis, separate_tensors, vocab_rows
 
 POLICIES = REPAIR_POLICIES
 INITS = ("pieces", "mean", "zeros", "normal")
@@ -62,7 +62,7 @@ class TensorEdit:
 
     @property
     def new_shape(self) -> tuple[int, ...]:
-        if self.role == "head-bias" and len(self.source.shape) == 2:  # final_logits_bias (1, vocab), head columns
+        if rows_on_last_axis(self.role, self.source.shape):
             return (self.source.shape[0], self.plan.new_rows)
         return (self.plan.new_rows, *self.source.shape[1:])
 
@@ -70,10 +70,10 @@ class TensorEdit:
         """The rewritten tensor as stored (numpy, contiguous; bfloat16 as its bits), computed from a view
         of the mapped source. Only this tensor is held while it is written."""
         keep = self.plan.prefix_rows()
-        if keep is not None and not (self.role == "head-bias" and len(self.source.shape) == 2):
+        if keep is not None and not rows_on_last_axis(self.role, self.source.shape):
             return self._produce_prefix(keep, init, std, rng)
         old = self.source.read_stored()
-        transposed = self.role == "head-bias" and old.ndim == 2  # (k, vocab): final_logits_bias, head columns
+        transposed = rows_on_last_axis(self.role, old.shape)
         if transposed:  # a (1, vocab) bias as the 1-D bias it is; k columns per token as k-wide rows
             old = old.reshape(-1) if old.shape[0] == 1 else np.ascontiguousarray(old.T)
         fill = self.new_values(old, init, std, rng)
@@ -133,7 +133,7 @@ class TensorEdit:
         src, keep = self.source, self.plan.prefix_rows()
         itemsize = DTYPE_SIZES.get(src.dtype)
         if (keep is None or keep == 0 or itemsize is None or not src.shape or src.shape[0] != self.plan.old_rows
-                or (self.role == "head-bias" and len(src.shape) == 2)
+                or rows_on_last_axis(self.role, src.shape)
                 or (src.stride is not None and tuple(src.stride) != src.contiguous_stride())):
             return None
         where = src.locate()
@@ -407,7 +407,7 @@ def _plan_states(plan: RepairPlan, v: Any, rows_plan: RowPlan) -> list[Refusal]:
         return []
     kind, refused = opt.kind_of(v.optimizer_index), []
     for key, t in entry.tensors.items():
-        head_bias = v.role == "head-bias" and len(t.shape) == 2
+        head_bias = rows_on_last_axis(v.role, t.shape)
         action = action_for(kind, key, t.shape, t.dtype, v.shape, head_bias)
         if action.what == "refuse":
             refused.append((key, v.name, action.why))
@@ -506,7 +506,7 @@ def could_hold_state_of(shape: tuple[int, ...], v: Any) -> bool:
     resize: the window `vocab.near` allows a head resized apart from its embedding); a factored second moment
     (Adafactor's) has a row factor as long as the vocab axis. A state that fits neither cannot be v's, whatever
     entry holds it (BART's encoder and decoder (32, 32) weights are never `final_logits_bias`'s)."""
-    axis = len(v.shape) - 1 if v.role == "head-bias" and len(v.shape) == 2 else 0
+    axis = len(v.shape) - 1 if rows_on_last_axis(v.role, v.shape) else 0
     if len(shape) == 1 and len(v.shape) > 1:
         return shape[0] == v.shape[axis]
     if len(shape) != len(v.shape) or not near(shape[axis], {v.shape[axis]}):
