@@ -46,9 +46,10 @@ class TorchArchive:
     duplicates: list[str]
     size: int
     big_endian: bool = False  # the `byteorder` record says "big" (see `byte_order`)
-    # records whose local header `open_archive` left unread (object storage, `_prefetch_headers`): the next
-    # member's header offset and name, which each must end before when it is read (`_end_before_next`)
-    unchecked: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # records whose local header `open_archive` left unread (object storage, `_prefetch_headers`), by (name,
+    # header offset): the next member's header offset and name, which each must end before when it is read
+    # (`_end_before_next`); every other member was checked against its next one when the archive was opened
+    unchecked: dict[tuple[str, int], tuple[int, str]] = field(default_factory=dict)
 
     def record_range(self, key: str, itemsize: int = 1) -> ByteRange:
         """Where record data/`key` lies; in a big-endian archive, a range of `itemsize`-byte elements is
@@ -63,7 +64,7 @@ class TorchArchive:
         start = self._data_start(info)
         if start + info.file_size > self.size:
             raise UnreadableCheckpoint(f"{self.path}: record data/{key} runs past the end of the file (truncated?)")
-        if info.filename in self.unchecked:
+        if (info.filename, info.header_offset) in self.unchecked:
             self._end_before_next(info, start)
         return ByteRange(self.path, start, info.file_size, self.big_endian and itemsize > 1)
 
@@ -85,7 +86,7 @@ class TorchArchive:
         name = bytes(file_map(self.path)[name_at:name_at + len(info.orig_filename.encode())])
         if name != info.orig_filename.encode():
             _overlap(self.path, info.filename, name.decode("utf-8", "replace"))
-        next_header, next_name = self.unchecked[info.filename]
+        next_header, next_name = self.unchecked[(info.filename, info.header_offset)]
         if start + info.compress_size > next_header:
             _overlap(self.path, info.filename, next_name)
 
@@ -205,9 +206,10 @@ def open_archive(path: str) -> TorchArchive:
             duplicates.append(info.filename)
         members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
     archive = TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
+    nexts = _next_headers(infos, archive.size)
     if not _prefetch_headers(path, prefix, infos):
-        archive.unchecked = _next_headers(infos, archive.size, prefix)
-    _refuse_overlaps(archive, [i for i in infos if i.filename not in archive.unchecked])
+        archive.unchecked = {key: after for key, after in nexts.items() if key[0].startswith(f"{prefix}/data/")}
+    _refuse_overlaps(archive, [i for i in infos if (i.filename, i.header_offset) not in archive.unchecked], nexts)
     archive.big_endian = byte_order(archive) == "big"
     return archive
 
@@ -230,12 +232,12 @@ def _prefetch_headers(path: str, prefix: str, infos: list[zipfile.ZipInfo]) -> b
     return remote.prefetch([span(i) for i in records], budget=remote.PREFETCH_BUDGET)
 
 
-def _next_headers(infos: list[zipfile.ZipInfo], size: int, prefix: str) -> dict[str, tuple[int, str]]:
-    """Each tensor record's next member in the file (its header offset and name; the file's end for the
-    last), by header offset."""
+def _next_headers(infos: list[zipfile.ZipInfo], size: int) -> dict[tuple[str, int], tuple[int, str]]:
+    """Each member's next member in the file, by header offset: its header offset and name (the file's end
+    for the last). Keyed by (name, header offset): a duplicated name is two members."""
     order = sorted(infos, key=lambda i: i.header_offset)
     nexts = [(i.header_offset, i.filename) for i in order[1:]] + [(size, "")]
-    return {i.filename: after for i, after in zip(order, nexts) if i.filename.startswith(f"{prefix}/data/")}
+    return {(i.filename, i.header_offset): after for i, after in zip(order, nexts)}
 
 
 def _overlap(path: str, first: str, second: str) -> None:
@@ -245,18 +247,16 @@ def _overlap(path: str, first: str, second: str) -> None:
         "file (one's bytes would be read as the other's); not an archive torch.save writes")
 
 
-def _refuse_overlaps(archive: TorchArchive, infos: list[zipfile.ZipInfo]) -> None:
+def _refuse_overlaps(archive: TorchArchive, infos: list[zipfile.ZipInfo],
+                     nexts: dict[tuple[str, int], tuple[int, str]]) -> None:
     """No zip writer lays two members over the same bytes; torch.load would read one record's bytes as another's
-    tensor without a word (measured: a central directory pointing data/1 at data/0 loads both as data/0's values)."""
-    spans = []
+    tensor without a word (measured: a central directory pointing data/1 at data/0 loads both as data/0's values).
+    Each member of `infos` must end before the next member's header (`nexts`), whoever that is."""
     for info in infos:
-        start = archive._data_start(info)
-        if start + info.compress_size <= archive.size:  # a size past the end is named where the member is read
-            spans.append((info.header_offset, start + info.compress_size, info.filename))
-    spans.sort()
-    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
-        if begin < end:
-            _overlap(archive.path, first, second)
+        end = archive._data_start(info) + info.compress_size
+        next_header, next_name = nexts[(info.filename, info.header_offset)]
+        if next_header < end <= archive.size:  # a size past the end is named where the member is read
+            _overlap(archive.path, info.filename, next_name)
 
 
 def byte_order(archive: TorchArchive) -> str:
