@@ -233,6 +233,8 @@ def test_an_embedding_saved_in_two_parts_is_named_and_refused(tmp_path):
         in found.message
     grown = ckptfix.inspect(str(src), tokenizer=str(tmp_path / "new"))
     assert "CKF113" in {f.code for f in grown.findings}
+    (layout,) = [f for f in grown.findings if f.code == "CKF205"]
+    assert "(no vocab tensor among them)" in layout.message  # before: "the vocab tensors among them"
     with pytest.raises(ckptfix.CkptfixError, match=r"saved in two parts .* wte.embedding \(166 rows\) and "
                        r"wte.new_embedding \(165\): 331 rows in all .* does not resize a table saved in parts"):
         ckptfix.repair(str(src), str(tmp_path / "new"), str(tmp_path / "fixed"))
@@ -316,5 +318,8 @@ def test_converted_key_layout_is_a_warning_not_a_count_error(tmp_path):
     excess stays CKF202 (tests/test_inspect_findings.py)."""
     model = build_registry_model("gte", "GteForMaskedLM", VOCAB)
     src = _one_step_folder(model, tmp_path)
-    codes = {f.code: f.severity for f in ckptfix.inspect(str(src), tokenizer=str(src)).findings}
+    findings = ckptfix.inspect(str(src), tokenizer=str(src)).findings
+    codes = {f.code: f.severity for f in findings}
     assert codes.get("CKF205") == "warning" and "CKF202" not in codes
+    (found,) = [f for f in findings if f.code == "CKF205"]
+    assert "(2 vocab tensor(s) among them)" in found.message, found.message  # the embedding, the head's bias

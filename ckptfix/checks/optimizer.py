@@ -74,11 +74,13 @@ def converted_layout(ctx: Context) -> Iterator[Finding]:
         return
     indices, params = opt.indices(), ctx.ckpt.parameters()
     if len(indices) > len(params) and _converted_layout(ctx, indices, params):
+        named = sum(1 for v in ctx.vocab if v.optimizer_index is not None and v.tied_to is None)
+        vocab = f"{named} vocab tensor(s) among them" if named else "no vocab tensor among them"
         yield finding(
             "CKF205", f"the optimizer holds {len(indices)} parameters, the weights file {len(params)} tensors with "
             "as many elements or more: the file is in a converted layout (transformers' save_pretrained fuses "
-            "or splits some models' tensors), so only the entries of a unique shape are named (the vocab "
-            "tensors among them); the rest are checked by element count only",
+            f"or splits some models' tensors), so only the entries of a unique shape are named ({vocab}); the "
+            "rest are checked by element count only",
             pytorch="Trainer.train(resume_from_checkpoint=...) loads the weights through the same conversion and "
             "the optimizer by position into the class's own parameters: right while the model code is unchanged.")
 
