@@ -341,14 +341,21 @@ def _same_refusal(here, there, local: Path, url: str, tok: Path, tmp_path: Path)
 
 # --- 3. repair local -> s3:// OUT, and 4. loaded back through the framework's fsspec path ----------------
 
-@pytest.mark.parametrize("name", _formats())
-def test_repair_to_s3_equals_local_and_loads_through_fsspec(s3, built, name, tmp_path):
-    local, tok = built(name)
+def _repaired_here_and_to_s3(s3, local: Path, source: object, tok: Path, tmp_path: Path):
+    """(OUT's name, the repair of LOCAL into tmp_path/here, the repair of SOURCE into s3://.../out/), both
+    ending alike."""
     out = _out_name(local)
     (tmp_path / "here").mkdir()
     here = run("repair", local, "-t", tok, "-o", tmp_path / "here" / out)
-    there = run("repair", local, "-t", tok, "-o", s3.url(f"out/{out}"))
+    there = run("repair", source, "-t", tok, "-o", s3.url(f"out/{out}"))
     assert here.exit_code == there.exit_code, (here, there)
+    return out, here, there
+
+
+@pytest.mark.parametrize("name", _formats())
+def test_repair_to_s3_equals_local_and_loads_through_fsspec(s3, built, name, tmp_path):
+    local, tok = built(name)
+    out, here, there = _repaired_here_and_to_s3(s3, local, local, tok, tmp_path)
     if _refuses(name):
         assert here.exit_code == 2 and there.stderr == here.stderr, (here, there)
         assert s3.keys(s3.url("out/")) == []
@@ -365,11 +372,7 @@ def test_repair_from_s3_to_s3_equals_local(s3, built, name, tmp_path):
     """Both ends in the store (unchanged bytes copied inside it where large enough): the local repair's files,
     the record naming the URL and not hashing the input."""
     local, url, tok = _uploaded(s3, built, name)
-    out = _out_name(local)
-    (tmp_path / "here").mkdir()
-    here = run("repair", local, "-t", tok, "-o", tmp_path / "here" / out)
-    there = run("repair", url, "-t", tok, "-o", s3.url(f"out/{out}"))
-    assert here.exit_code == there.exit_code, (here, there)
+    out, here, there = _repaired_here_and_to_s3(s3, local, url, tok, tmp_path)
     if _refuses(name):
         assert there.stderr == _as_remote(here.stderr, local, url, tok), (here, there)
         assert s3.keys(s3.url("out/")) == []

@@ -45,7 +45,7 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
         _use(ckpt, "model", models[0])
     if optimizers:
         tree, locate_for, archive = torch_file.load(optimizers[0], opaque=trust_pickle)
-        ckpt.unopened_records += len(archive.unchecked) if archive is not None else 0
+        ckpt.unopened_records += torch_file.unopened_records(archive)
         if not common.is_optimizer_state(tree):
             raise UnreadableCheckpoint(f"{optimizers[0]}: not an optimizer state_dict")
         ckpt.optimizer = common.parse_optimizer(tree, locate_for, optimizers[0])

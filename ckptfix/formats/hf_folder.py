@@ -132,7 +132,7 @@ def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> Non
     optimizer = os.path.join(path, "optimizer.pt")
     if os.path.exists(optimizer):
         tree, locate_for, archive = torch_file.load(optimizer, opaque=trust_pickle)
-        ckpt.unopened_records += len(archive.unchecked) if archive is not None else 0
+        ckpt.unopened_records += torch_file.unopened_records(archive)
         ckpt.pickles["optimizer.pt"] = tree
         if not common.is_optimizer_state(tree):
             raise UnreadableCheckpoint(f"{optimizer}: not an optimizer state_dict")

@@ -207,16 +207,21 @@ def open_archive(path: str) -> TorchArchive:
         members[info.filename] = info  # the last one of a duplicated name wins here (torch: depends, see CKF702)
     archive = TorchArchive(path, prefix, members, sorted(set(duplicates)), os.path.getsize(path))
     nexts = _next_headers(infos, archive.size)
-    if not _prefetch_headers(path, prefix, infos):
-        archive.unchecked = {key: after for key, after in nexts.items() if key[0].startswith(f"{prefix}/data/")}
-    _refuse_overlaps(archive, [i for i in infos if (i.filename, i.header_offset) not in archive.unchecked], nexts)
+    records = [i for i in infos if i.filename.startswith(f"{prefix}/data/")]
+    others = [i for i in infos if not i.filename.startswith(f"{prefix}/data/")]  # data.pkl, byteorder, version
+    if _prefetch_headers(path, records, others):
+        others = infos
+    else:
+        archive.unchecked = {(i.filename, i.header_offset): nexts[(i.filename, i.header_offset)] for i in records}
+    _refuse_overlaps(archive, others, nexts)
     archive.big_endian = byte_order(archive) == "big"
     return archive
 
 
-def _prefetch_headers(path: str, prefix: str, infos: list[zipfile.ZipInfo]) -> bool:
+def _prefetch_headers(path: str, records: list[zipfile.ZipInfo], others: list[zipfile.ZipInfo]) -> bool:
     """In object storage, every member's local header (and each small record whole) in a few requests:
-    True. The tensor records' ones only within `remote.PREFETCH_BUDGET` requests: when they lie among
+    True. The tensor records' ones (`records`; `others` always) only within `remote.PREFETCH_BUDGET`
+    requests: when they lie among
     large records (a step after each parameter's moments: a request each, hundreds for a large model),
     False, and they are read with their records."""
     remote = sys.modules.get("ckptfix.remote")
@@ -227,8 +232,7 @@ def _prefetch_headers(path: str, prefix: str, infos: list[zipfile.ZipInfo]) -> b
         return (path, i.header_offset, _LOCAL_HEADER.size + len(i.orig_filename.encode()) + 128
                 + (i.file_size if i.file_size <= _SMALL_RECORD else 0))
 
-    records = [i for i in infos if i.filename.startswith(f"{prefix}/data/")]
-    remote.prefetch([span(i) for i in infos if not i.filename.startswith(f"{prefix}/data/")])  # data.pkl & co
+    remote.prefetch([span(i) for i in others])
     return remote.prefetch([span(i) for i in records], budget=remote.PREFETCH_BUDGET)
 
 
@@ -382,8 +386,13 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     if archive is not None and archive.duplicates:
         ckpt.notes.append(f"duplicate zip member names (torch.load may read either copy): {', '.join(archive.duplicates[:5])}")
     ckpt.handle = archive
-    ckpt.unopened_records = len(archive.unchecked) if archive is not None else 0
+    ckpt.unopened_records = unopened_records(archive)
     return ckpt
+
+
+def unopened_records(archive: TorchArchive | None) -> int:
+    """Tensor records whose local header was left for when they are read (`_prefetch_headers`)."""
+    return len(archive.unchecked) if archive is not None else 0
 
 
 def _legacy_range(path: str, ranges: dict[str, ByteRange], key: str) -> ByteRange:
