@@ -94,6 +94,10 @@ class TensorInfo:
             return []
         return [(where.file, where.start, where.length)]
 
+    def files(self) -> list[str]:
+        """The files holding its bytes (a writer rewrites those)."""
+        return [self.locate().file]
+
     def read_rows_into(self, dst: np.ndarray) -> None:
         """Copy rows 0..len(dst)-1, as stored, into `dst` (one copy, no temporary)."""
         dst[...] = self.read_stored()[:dst.shape[0]]
@@ -369,6 +373,94 @@ def _read_scalar_numpy(tensor: TensorInfo) -> float | None:
     if not 0 <= tensor.offset < storage.size:
         return None
     return float(storage[tensor.offset])
+
+
+class JoinedTensor(TensorInfo):
+    """One table saved as tensors that its loader concatenates along rows (Molmo2's `wte.embedding` +
+    `wte.new_embedding`: transformers 5 joins them into `embed_tokens`, vocab_size + additional_vocab_size
+    rows, and splits them again on save). Read as the table the model holds; named `first+second`; the
+    writers save it as its parts again (`part_rows`). No single byte range: `locate()` refuses."""
+
+    parts: tuple[TensorInfo, ...] = ()
+
+    def read_stored(self) -> np.ndarray:
+        out: np.ndarray = np.empty(self.shape, dtype=self.read_dtype())
+        self.read_rows_into(out)
+        out.flags.writeable = False
+        return out
+
+    def read_rows_into(self, dst: np.ndarray) -> None:
+        start = 0
+        for part in self.parts:
+            take = min(part.shape[0], dst.shape[0] - start)
+            if take <= 0:
+                return
+            dst[start:start + take] = part.read_stored()[:take]
+            start += take
+
+    def byte_ranges(self) -> list[tuple[str, int, int]]:
+        return [r for part in self.parts for r in part.byte_ranges()]
+
+    def files(self) -> list[str]:
+        return [f for part in self.parts for f in part.files()]
+
+    def to_torch(self):
+        return stored_to_torch(self.read_stored().copy(), self.dtype)
+
+    def part_rows(self, rows: int) -> list[int]:
+        """How many of `rows` each part holds when the table is saved again: the parts but the last keep
+        their rows while the last still gets one (their bytes stay as they were when their rows do), else
+        `torch.chunk`'s split, which transformers' own save makes."""
+        kept = [p.shape[0] for p in self.parts[:-1]]
+        if sum(kept) < rows:
+            return [*kept, rows - sum(kept)]
+        size = -(-rows // len(self.parts))
+        return [min(size, max(rows - i * size, 0)) for i in range(len(self.parts))]
+
+
+# A table the loader concatenates from two saved tensors: `<module>.embedding` then `<module>.new_embedding`
+# (transformers' conversion mapping for Molmo2TextModel: Concatenate(dim=0) into `embed_tokens.weight`).
+_SPLIT_SUFFIXES = ("embedding", "new_embedding")
+
+
+def split_tables(model: dict[str, TensorInfo]) -> list[tuple[TensorInfo, TensorInfo]]:
+    """The (first, second) parts of every table saved in two parts: same width, each 2-D."""
+    out = []
+    for name, first in model.items():
+        if name.endswith("." + _SPLIT_SUFFIXES[0]) and len(first.shape) == 2:
+            second = model.get(name[:-len(_SPLIT_SUFFIXES[0])] + _SPLIT_SUFFIXES[1])
+            if second is not None and len(second.shape) == 2 and second.shape[1] == first.shape[1]:
+                out.append((first, second))
+    return out
+
+
+def join_split_tables(model: dict[str, TensorInfo], tied: dict[str, str]) -> dict[str, TensorInfo]:
+    """`model` with each table saved in two parts as one `JoinedTensor`, in the first part's place, where the
+    parts can be joined as they are (one float dtype, contiguous, distinct storages, neither tied to another
+    name); else left as read."""
+    joined: dict[str, JoinedTensor] = {}
+    aliased = set(tied) | set(tied.values())
+    for first, second in split_tables(model):
+        if first.dtype != second.dtype or not first.is_float or first.storage_id == second.storage_id or any(
+                p.stride not in (None, p.contiguous_stride()) or type(p) is not TensorInfo or p.name in aliased
+                for p in (first, second)):
+            continue
+        table = JoinedTensor(name=f"{first.name}+{second.name}", shape=(first.shape[0] + second.shape[0],
+                             first.shape[1]), dtype=first.dtype, locate=_in_parts(first.name, second.name),
+                             storage_id=f"joined:{first.storage_id}+{second.storage_id}",
+                             is_parameter=first.is_parameter)
+        table.parts = (first, second)
+        joined[first.name] = table
+    if not joined:
+        return model
+    seconds = {t.parts[1].name for t in joined.values()}
+    return {(joined[n].name if n in joined else n): joined.get(n, t) for n, t in model.items() if n not in seconds}
+
+
+def _in_parts(*names: str) -> Callable[[], ByteRange]:
+    def locate() -> ByteRange:
+        raise UnreadableCheckpoint(f"{' + '.join(names)}: one table saved in parts, no single byte range")
+    return locate
 
 
 @dataclass

@@ -126,7 +126,8 @@ def _vocab(v: dict) -> list[str]:
     for t in v["tensors"]:
         moments = ", ".join(f"{k} {s[0]} rows" for k, s in t["moments"].items())
         tied = f", tied to {t['tied_to']}" if t["tied_to"] else ""
-        lines.append(_line("", f"{t['name']}  {t['role']}  {t['rows']} rows{tied}"
+        own = f" ({t['rows'] - t['offset']} token rows + {t['offset']} of the model's own)" if t["offset"] else ""
+        lines.append(_line("", f"{t['name']}  {t['role']}  {t['rows']} rows{own}{tied}"
                                + (f"; moments: {moments}" if moments else "")))
     if v["tied_head_not_stored"]:
         lines.append(_line("", "lm_head tied to the input embedding (not stored; config.json tie_word_embeddings "

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.checkpoint import Checkpoint, TensorInfo, split_tables
 from ckptfix.errors import RepairError
 from ckptfix.mapping import ParamMapping
 from ckptfix.recorded import find_recorded, recorded_rows, separate_vocabularies
@@ -239,15 +239,10 @@ def rows_on_last_axis(role: str, shape: tuple[int, ...]) -> bool:
 
 
 def split_table(ckpt: Checkpoint) -> tuple[TensorInfo, TensorInfo] | None:
-    """An embedding saved in two parts that the loader concatenates (Molmo2's `wte.embedding` and
-    `wte.new_embedding`: transformers joins them into `embed_tokens`, vocab_size + additional_vocab_size rows,
-    and splits them again on save, at whatever row): neither part's rows are the vocab's."""
-    for name, first in ckpt.model.items():
-        if name.endswith(".embedding") and len(first.shape) == 2:
-            second = ckpt.model.get(name[:-len("embedding")] + "new_embedding")
-            if second is not None and len(second.shape) == 2 and second.shape[1] == first.shape[1]:
-                return first, second
-    return None
+    """An embedding saved in two parts that the loader concatenates, left unjoined by its reader (in a torch
+    file; an HF folder of safetensors reads it as one `JoinedTensor`): neither part's rows are the vocab's."""
+    found = split_tables(ckpt.model)
+    return found[0] if found else None
 
 
 def declare_own_rows(ckpt: Checkpoint, vocab: list[VocabTensor], own_rows: int) -> None:
@@ -266,13 +261,17 @@ def declare_own_rows(ckpt: Checkpoint, vocab: list[VocabTensor], own_rows: int) 
 
 
 _GENERIC_WORDS = {"num", "n", "max", "min", "total", "use", "is"}
+# rows the model's own table holds past vocab_size, as its config names them (Molmo2's embedding and Idefics'
+# decoupled one: vocab_size + additional_vocab_size; ids past vocab_size are its image and special tokens)
+ADDED_ROWS_KEY = "additional_vocab_size"
 
 
 def stated_offsets(extras: dict[str, Any]) -> dict[int, set[int]]:
-    """For each LM size a config records, the rows past it that config states: the product of two of its
-    integers named for one thing (CPM-Ant builds `input_embedding` with vocab_size + prompt_types x
-    prompt_length rows, its prompt ids vocab_size + k), past MAX_OFFSET (a smaller offset needs a head to tell
-    it from a stale size). One integer alone (a width, a layer count) or two of different things state no rows."""
+    """For each LM size a config records, the rows past it that config states: its `additional_vocab_size`
+    (Molmo2), or the product of two of its integers named for one thing (CPM-Ant builds `input_embedding` with
+    vocab_size + prompt_types x prompt_length rows, its prompt ids vocab_size + k), past MAX_OFFSET (a smaller
+    product needs a head to tell it from a stale size). Another integer alone (a width, a layer count) or two of
+    different things state no rows."""
     out: dict[int, set[int]] = {}
     for r in find_recorded(extras):
         if not r.rows_key:
@@ -281,6 +280,9 @@ def stated_offsets(extras: dict[str, Any]) -> dict[int, set[int]]:
         node: Any = extras
         for key in r.path[:-1]:
             node = node[key]
+        added = node.get(ADDED_ROWS_KEY)
+        if isinstance(added, int) and not isinstance(added, bool) and 0 < added < 1 << 32:
+            offsets.add(added)
         by_word: dict[str, list[int]] = {}
         for k, v in list(node.items())[:512]:
             if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1 << 32:

@@ -131,7 +131,10 @@ def check_architecture(arch: tuple[str, str, dict], folder: Path) -> Outcome:
     right = ckptfix.inspect(str(src), tokenizer=str(word_level_tokenizer(folder / "right.json", VOCAB)))
     wrong = ckptfix.inspect(str(src), tokenizer=str(word_level_tokenizer(folder / "wrong.json", VOCAB + 5)))
     errors = [f.code for f in right.findings if f.severity == "error"]
-    named = {v.name for v in wrong.vocab} | {v.tied_to for v in wrong.vocab if v.tied_to}
+    # a table saved in parts (a `JoinedTensor`, named `first+second`) is named by its parts
+    named = {p.name for v in wrong.vocab for p in getattr(wrong.ckpt.model.get(v.name), "parts", ())} | \
+        {v.name for v in wrong.vocab if not hasattr(wrong.ckpt.model.get(v.name), "parts")} | \
+        {v.tied_to for v in wrong.vocab if v.tied_to}
     missed = expected - named
     extra = named - expected
     if errors:
@@ -231,7 +234,9 @@ REGISTRY_FAST = [("image-text-to-text", "llava"), ("image-text-to-text", "qwen2_
                  # in a non-text sub-config (GLM-Image's vq_config.num_embeddings): a separate vocabulary
                  ("base", "cpmant"), ("base", "glm_image"),
                  # a decoder over audio codebooks beside a T5 text encoder (the tokenizer's vocabulary)
-                 ("text-to-waveform", "musicgen")]
+                 ("text-to-waveform", "musicgen"),
+                 # an embedding saved in two parts that its loader concatenates (Molmo2's wte.embedding + new_embedding)
+                 ("base", "molmo2_text")]
 ADDED = ["<video>", "<box>", "<ref>"]
 MAX_PARAMS = 30_000_000
 CLASS_SECONDS = 240  # a class slower than this on a shared CPU is reported skipped, not waited for  # "tiny": what a 2-core CI runner trains two steps of in seconds
@@ -574,7 +579,8 @@ def _check_folder(model: torch.nn.Module, src: Path, folder: Path) -> str:
     from tokenizer_factory import extend_tokenizer_json
 
     saved = _safetensors(src, load_file)
-    expected = _saved_names(model_vocab_names(model, VOCAB), model, saved)
+    groups = _saved_names(model_vocab_names(model, VOCAB), model, saved)
+    expected = {k for g in groups for k in g}
     old_tok = src.parent / "tokenizer.json"
     new_dir = folder / "new"
     new_dir.mkdir()
@@ -584,7 +590,10 @@ def _check_folder(model: torch.nn.Module, src: Path, folder: Path) -> str:
     right = ckptfix.inspect(str(src), tokenizer=str(src))
     wrong = ckptfix.inspect(str(src), tokenizer=str(new_dir))
     errors = [f.code for f in right.findings if f.severity == "error"]
-    named = {v.name for v in wrong.vocab} | {v.tied_to for v in wrong.vocab if v.tied_to}
+    # a table saved in parts (a `JoinedTensor`, named `first+second`) is named by its parts
+    named = {p.name for v in wrong.vocab for p in getattr(wrong.ckpt.model.get(v.name), "parts", ())} | \
+        {v.name for v in wrong.vocab if not hasattr(wrong.ckpt.model.get(v.name), "parts")} | \
+        {v.tied_to for v in wrong.vocab if v.tied_to}
     if errors:
         return f"inspect at its tokenizer's size: {errors}"
     if named != expected:
@@ -604,7 +613,7 @@ def _check_folder(model: torch.nn.Module, src: Path, folder: Path) -> str:
     info = _loading_info(type(model), fixed)
     if info:
         return f"from_pretrained of the repaired folder: {info}"
-    problems = _compare(src, fixed, saved, load_file, _lm_vocab_path(model.config, type(model).__name__))
+    problems = _compare(src, fixed, saved, load_file, _lm_vocab_path(model.config, type(model).__name__), groups)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         resumed = type(model).from_pretrained(fixed)
@@ -626,12 +635,42 @@ def _class_own_rows(model: torch.nn.Module) -> int:
     return model.get_input_embeddings().weight.shape[0] - getattr(text, key)
 
 
-def _saved_names(names: set[str], model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> set[str]:
+def _saved_names(names: set[str], model: torch.nn.Module, saved: dict[str, torch.Tensor]) -> list[tuple[str, ...]]:
     """The names `save_pretrained` gave those tensors (transformers 5 saves some models under their checkpoint
-    names, not their module names; a tied copy is not saved): found by value, each one a random init."""
+    names, not their module names; a tied copy is not saved), found by value, each one a random init: one name
+    each, or the names of the row blocks a tensor is saved as, in row order (Molmo2's embedding as
+    `wte.embedding` + `wte.new_embedding`, which its loader concatenates)."""
     state = model.state_dict()
-    wanted = [state[n] for n in names]
-    return {k for k, t in saved.items() if any(t.shape == w.shape and torch.equal(t, w) for w in wanted)}
+    out = []
+    for w in (state[n] for n in names):
+        whole = [(k,) for k, t in saved.items() if t.shape == w.shape and torch.equal(t, w)]
+        out += whole or [_row_blocks(w, saved)]
+    return [names for names in dict.fromkeys(out) if names]
+
+
+def _row_blocks(w: torch.Tensor, saved: dict[str, torch.Tensor]) -> tuple[str, ...]:
+    """The saved tensors that are consecutive row blocks of `w`, in order, when together they are all of it."""
+    starts = {}
+    for k, t in saved.items():
+        if w.dim() and t.dim() == w.dim() and t.shape[1:] == w.shape[1:] and 0 < t.shape[0] < w.shape[0]:
+            for start in range(w.shape[0] - t.shape[0] + 1):
+                if torch.equal(w[start:start + t.shape[0]], t):
+                    starts[start] = k
+                    break
+    order, row = [], 0
+    while row in starts:
+        order.append(starts[row])
+        row += saved[starts[row]].shape[0]
+    return tuple(order) if row == w.shape[0] else ()
+
+
+def _joined(tensors: dict[str, torch.Tensor], groups: list[tuple[str, ...]]) -> dict[str, torch.Tensor]:
+    """`tensors` with each group of row blocks concatenated under its first name: the table the loader builds."""
+    out = {k: t for k, t in tensors.items() if not any(k in g for g in groups if len(g) > 1)}
+    for g in groups:
+        if len(g) > 1 and all(k in tensors for k in g):
+            out[g[0]] = torch.cat([tensors[k] for k in g])
+    return out
 
 
 def _safetensors(folder: Path, load_file: Any) -> dict[str, torch.Tensor]:
@@ -654,13 +693,14 @@ def _lm_vocab_path(config: Any, class_name: str = "") -> str:
     return ".".join([*path, getattr(text, "attribute_map", {}).get("vocab_size", "vocab_size")])
 
 
-def _compare(src: Path, fixed: Path, saved: dict, load_file: Any, want: str) -> list[str]:
-    """Old rows and moments bit-identical, every other tensor and file untouched, the config changed only in
-    the LM vocab size, the processor's files carried, the new tokenizer where the processor reads it."""
+def _compare(src: Path, fixed: Path, saved: dict, load_file: Any, want: str, groups: list[tuple[str, ...]]) -> list[str]:
+    """Old rows and moments bit-identical (a table saved in parts compared as the table its loader joins), every
+    other tensor and file untouched, the config changed only in the LM vocab size, the processor's files
+    carried, the new tokenizer where the processor reads it."""
     import json
 
     problems = []
-    new = _safetensors(fixed, load_file)
+    saved, new = _joined(saved, groups), _joined(_safetensors(fixed, load_file), groups)
     problems += [f"{n} changed" for n, t in saved.items() if not _rows_kept(t, new.get(n))]
     old_opt = torch.load(src / "optimizer.pt", weights_only=True)
     new_opt = torch.load(fixed / "optimizer.pt", weights_only=True)

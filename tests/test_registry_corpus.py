@@ -214,31 +214,134 @@ def test_rows_past_the_recorded_size_without_a_head_are_a_warning_a_refusal_and_
     assert torch.equal(new[:VOCAB], old[:VOCAB]) and torch.equal(new[-8:], old[-8:])  # tokens, then its own rows
 
 
-def test_an_embedding_saved_in_two_parts_is_named_and_refused(tmp_path):
-    """Molmo2TextModel's embedding has vocab_size + additional_vocab_size rows; transformers 5 saves it as
-    `wte.embedding` + `wte.new_embedding` (its conversion mapping, reversed: split at the middle row, 166 + 165
-    of 331 here) and concatenates them on load. Before, inspect called `additional_vocab_size` a separate
-    vocabulary and named two MLP weights as its tensors, and repair said only that it found no embedding.
-    Now no separate vocabulary is claimed, CKF109 names the two parts, and repair refuses naming them."""
+def _two_part_case(tmp_path):
+    """Molmo2TextModel after one step, its folder, and a tokenizer grown by 3 tokens."""
     from tokenizer_factory import extend_tokenizer_json
 
     model = build_registry_model("molmo2_text", "Molmo2TextModel", VOCAB)
     src = _one_step_folder(model, tmp_path)
     (tmp_path / "new").mkdir()
     extend_tokenizer_json(src / "tokenizer.json", tmp_path / "new" / "tokenizer.json", ["<a>", "<b>", "<c>"])
+    return model, src, str(tmp_path / "new")
+
+
+def test_an_embedding_saved_in_two_parts_is_one_table_grown_and_saved_in_parts(tmp_path):
+    """Molmo2TextModel's embedding has vocab_size + additional_vocab_size rows (203 + 128); transformers 5 saves
+    it as `wte.embedding` + `wte.new_embedding` (its conversion mapping, reversed: split at the middle row, 166 +
+    165) and concatenates them on load; its AdamW moments are one 331-row entry. Before, repair refused it. Now
+    it is read as the table the loader builds, the config's additional_vocab_size its own rows past the vocab:
+    the 3 new tokens land after the 203 token rows, the 128 rows of its own stay last, and it is saved as the
+    same two parts (the first as it was), which from_pretrained joins again."""
+    from safetensors.torch import load_file
+
+    model, src, new = _two_part_case(tmp_path)
     same = ckptfix.inspect(str(src), tokenizer=str(src))
     assert not [n for n in same.notes if "separate vocabulary" in n], same.notes
+    assert [f.code for f in same.findings if f.severity == "error"] == []
+    (table,) = same.vocab
+    assert (table.name, table.rows, table.offset, sorted(table.moments)) == (
+        "wte.embedding+wte.new_embedding", 331, 128, ["exp_avg", "exp_avg_sq"])
+    grown = ckptfix.inspect(str(src), tokenizer=new)
+    (short,) = [f for f in grown.findings if f.code == "CKF101"]
+    assert "203 rows but the tokenizer has 206" in short.message
+    assert "size mismatch for <the table joined from wte.embedding and wte.new_embedding>" in short.pytorch
+
+    result = ckptfix.repair(str(src), new, str(tmp_path / "fixed"))
+    assert any("wte.embedding rows 0..165 (as it was), wte.new_embedding rows 166..333" in n for n in result.plan.notes)
+    fixed = type(model).from_pretrained(tmp_path / "fixed")
+    old, grown_rows = model.get_input_embeddings().weight.detach(), fixed.get_input_embeddings().weight.detach()
+    assert fixed.config.vocab_size == VOCAB + 3 and grown_rows.shape == (VOCAB + 3 + 128, 32)
+    assert torch.equal(grown_rows[:VOCAB], old[:VOCAB]) and torch.equal(grown_rows[VOCAB + 3:], old[VOCAB:])
+    before, after = (load_file(f / "model.safetensors") for f in (src, tmp_path / "fixed"))
+    assert torch.equal(after["wte.embedding"], before["wte.embedding"]) and after["wte.new_embedding"].shape[0] == 168
+    (moment,) = [e for e in torch.load(tmp_path / "fixed" / "optimizer.pt", weights_only=True)["state"].values()
+                 if e["exp_avg"].shape[0] == VOCAB + 3 + 128]
+    (was,) = [e for e in torch.load(src / "optimizer.pt", weights_only=True)["state"].values()
+              if e["exp_avg"].shape[0] == VOCAB + 128]
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(moment[key][:VOCAB], was[key][:VOCAB]) and torch.equal(moment[key][VOCAB + 3:], was[key][VOCAB:])
+
+
+def test_a_table_in_parts_across_shards_repaired_in_place(tmp_path):
+    """The two parts in two shards of a sharded folder: `--in-place` rewrites both shards, and from_pretrained
+    joins the parts it finds through the new index."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    model, src, new = _two_part_case(tmp_path)
+    folder = tmp_path / "sharded"
+    model.save_pretrained(folder, max_shard_size="24KB")  # both parts in one shard: one is moved to its own
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    shard = folder / index["weight_map"]["wte.embedding"]
+    tensors = load_file(shard)
+    save_file({"wte.new_embedding": tensors.pop("wte.new_embedding")}, folder / "model-extra.safetensors",
+              metadata={"format": "pt"})
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index["weight_map"]["wte.new_embedding"] = "model-extra.safetensors"
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    ckptfix.repair(str(folder), new, str(folder), in_place=True)
+    after = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+    assert {after["wte.embedding"], after["wte.new_embedding"]} == {shard.stem + ".ckptfix0.safetensors",
+                                                                   "model-extra.ckptfix0.safetensors"}
+    fixed = type(model).from_pretrained(folder)
+    old, rows = model.get_input_embeddings().weight.detach(), fixed.get_input_embeddings().weight.detach()
+    assert torch.equal(rows[:VOCAB], old[:VOCAB]) and torch.equal(rows[VOCAB + 3:], old[VOCAB:])
+
+
+def test_a_table_in_parts_in_a_torch_file_is_named_and_refused(tmp_path):
+    """Saved in a torch file (a state_dict with both parts, which no reader joins): CKF109 names the two parts
+    and repair refuses naming them, never a resize of one part as if it were the table."""
+    from safetensors.torch import load_file
+
+    _, src, new = _two_part_case(tmp_path)
+    torch.save(load_file(src / "model.safetensors"), tmp_path / "weights.pt")
+    same = ckptfix.inspect(str(tmp_path / "weights.pt"), tokenizer=str(src))
     (found,) = [f for f in same.findings if f.code == "CKF109"]
     assert "saved in two parts its loader concatenates, wte.embedding (166 rows) and wte.new_embedding (165)" \
         in found.message
-    grown = ckptfix.inspect(str(src), tokenizer=str(tmp_path / "new"))
-    assert "CKF113" in {f.code for f in grown.findings}
-    (layout,) = [f for f in grown.findings if f.code == "CKF205"]
-    assert "(no vocab tensor among them)" in layout.message  # before: "the vocab tensors among them"
     with pytest.raises(ckptfix.CkptfixError, match=r"saved in two parts .* wte.embedding \(166 rows\) and "
                        r"wte.new_embedding \(165\): 331 rows in all .* does not resize a table saved in parts"):
-        ckptfix.repair(str(src), str(tmp_path / "new"), str(tmp_path / "fixed"))
-    assert not (tmp_path / "fixed").exists()
+        ckptfix.repair(str(tmp_path / "weights.pt"), new, str(tmp_path / "fixed.pt"))
+    assert not (tmp_path / "fixed.pt").exists()
+
+
+@pytest.mark.parametrize("first,second", [((0, 4), (5, 4)), ((5, 4), (0, 4)), ((3, 4), (2, 0)), ((3, 0), (2, 0)),
+                                          ((1, 4), (1, 4)), ((6, 4), (1, 4))])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_odd_tables_in_parts_give_a_report_a_repair_or_one_line(tmp_path, first, second, dtype):
+    """Parts of any shape, rows or widths of 0, another dtype for the second: a report and a repair that loads
+    back through the reader (or one line and exit 2), never a traceback; the input untouched."""
+    import json
+    import subprocess
+    import sys
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    save_file({"wte.embedding": np.ones(first, np.float32), "wte.new_embedding": np.ones(second, dtype),
+               "norm.weight": np.ones(4, np.float32)}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"vocab_size": 4, "additional_vocab_size": 1}))
+    tok = word_level_tokenizer(tmp_path / "tokenizer.json", 6)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for args in (["inspect", str(folder), "--tokenizer", str(tok)],
+                 ["repair", str(folder), "--tokenizer", str(tok), "-o", str(tmp_path / "out")]):
+        r = subprocess.run([sys.executable, "-m", "ckptfix", *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode in (0, 1, 2) and "Traceback" not in r.stderr, r.stderr
+        assert r.returncode != 2 or len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_a_table_in_parts_splits_as_its_save_would_when_the_first_part_no_longer_fits():
+    from ckptfix.checkpoint import JoinedTensor, TensorInfo
+
+    table = JoinedTensor("a.embedding+a.new_embedding", (331, 4), "float32", locate=lambda: None, storage_id="x")
+    table.parts = (TensorInfo("a.embedding", (166, 4), "float32", lambda: None, "1"),
+                   TensorInfo("a.new_embedding", (165, 4), "float32", lambda: None, "2"))
+    assert table.part_rows(334) == [166, 168] and table.part_rows(167) == [166, 1]
+    assert table.part_rows(166) == [83, 83] and table.part_rows(101) == [51, 50]  # torch.chunk's split
 
 
 def test_a_real_mllama_tokenizer_image_token_keeps_its_trained_row(tmp_path):

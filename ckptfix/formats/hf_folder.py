@@ -12,7 +12,7 @@ import glob
 import os
 from typing import Any
 
-from ckptfix.checkpoint import Checkpoint, TensorInfo
+from ckptfix.checkpoint import Checkpoint, TensorInfo, join_split_tables
 from ckptfix.errors import CkptfixError, UnreadableCheckpoint
 from ckptfix.formats import common, safetensors_file, torch_file
 from ckptfix.formats.pickle_records import OpaqueObject
@@ -66,6 +66,8 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     ckpt.sections["model"] = ", ".join(os.path.basename(f) for f in weights)
     ckpt.ordered = not any(f.endswith(".safetensors") for f in weights)
     ckpt.tied = common.find_tied(ckpt.model)
+    if weights and all(f.endswith(".safetensors") for f in weights):  # what `write_safetensors` saves in parts
+        ckpt.model = join_split_tables(ckpt.model, ckpt.tied)
     config = _json(path, "adapter_config.json" if kind == "peft-adapter" else "config.json")
     if config is not None:
         ckpt.extras["config"] = config

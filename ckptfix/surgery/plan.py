@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ckptfix.blockers import repair_blocker
-from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo, stored_to_torch, widen_stored
+from ckptfix.checkpoint import ByteRange, Checkpoint, JoinedTensor, TensorInfo, stored_to_torch, widen_stored
 from ckptfix.checks.codes import Finding
 from ckptfix.checks.reserved import never_trained_from
 from ckptfix.checks.scaler import FP16_SMALLEST_SUBNORMAL
@@ -65,6 +65,20 @@ class TensorEdit:
         if rows_on_last_axis(self.role, self.source.shape):
             return (self.source.shape[0], self.plan.new_rows)
         return (self.plan.new_rows, *self.source.shape[1:])
+
+    def parts(self) -> list[tuple[TensorInfo, int, int, bool]]:
+        """For a table saved in parts (a `JoinedTensor`), each part as it is written: (part, first row and row
+        count in the new table, whether it is its old bytes as they are: the plan keeps its rows in place)."""
+        out: list[tuple[TensorInfo, int, int, bool]] = []
+        if not isinstance(self.source, JoinedTensor):
+            return out
+        start = 0
+        for part, count in zip(self.source.parts, self.source.part_rows(self.plan.new_rows)):
+            same = count == part.shape[0] and np.array_equal(self.plan.source[start:start + count],
+                                                             np.arange(start, start + count))
+            out.append((part, start, count, same))
+            start += count
+        return out
 
     def produce(self, init: str, std: float, rng: np.random.Generator) -> np.ndarray:
         """The rewritten tensor as stored (numpy, contiguous; bfloat16 as its bits), computed from a view
@@ -294,6 +308,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
             continue
         tied = any(t.tied_to == v.name for t in report.vocab)
         plan.weights[v.name] = TensorEdit(v.name, v.role, ckpt.model[v.name], rows_plan, tied=tied)
+        _note_parts(plan, plan.weights[v.name])
         if v.role == "lookup" and rows_plan.new:
             plan.notes.append(f"{v.name}: a token-id lookup of {v.shape[1]} id(s) per token (hash routing's "
                               f"token -> experts): its {rows_plan.new} new row(s) are ids drawn at random from "
@@ -369,6 +384,16 @@ def _plan_recorded(plan: RepairPlan, old_rows: set[int]) -> None:
     plan.recorded = updates(recorded, old_rows, plan.target_rows, plan.tokenizer.size)
     for path, value in plan.recorded.items():
         plan.notes.append(f"recorded {'.'.join(map(str, path))} set to {value}")
+
+
+def _note_parts(plan: RepairPlan, edit: TensorEdit) -> None:
+    """Where a table saved in parts goes: into the same parts, rows split as `JoinedTensor.part_rows` says."""
+    parts = edit.parts()
+    if parts:
+        plan.notes.append(f"{edit.name}: one table its loader concatenates from {len(parts)} saved tensors, written "
+                          "as those again: " + ", ".join(f"{p.name} rows {start}..{start + count - 1}"
+                                                         f"{' (as it was)' if same else ''}"
+                                                         for p, start, count, same in parts))
 
 
 def _offset_plan(plan: RepairPlan, v: Any, lm_plan: RowPlan) -> RowPlan:

@@ -51,21 +51,44 @@ def write_safetensors(plan: RepairPlan, source: str, f: Any, rng: np.random.Gene
                       progress: Progress | None = None) -> None:
     """The safetensors file `source` with the plan's weight edits, streamed to `f` (shared with accelerate)."""
     tensors, metadata = safetensors_file.tensors(source)
+    parts = _edited_parts(plan, rng)
     entries = []
     for name, t in sorted(tensors.items(), key=lambda kv: kv[1].locate().start):
         edit = plan.weights.get(plan.ckpt.tied.get(name, name))
         if edit is not None:
             entries.append(safetensors_save.Entry(name, t.dtype, edit.new_shape,
                                                   produce=lambda e=edit: e.produce(plan.init, plan.std, rng)))  # type: ignore[misc]
+        elif name in parts:
+            entries.append(parts[name])
         else:
             entries.append(safetensors_save.Entry(name, t.dtype, t.shape, copy_from=t.locate()))
     safetensors_save.write(f, entries, metadata or None, progress)
 
 
+def _edited_parts(plan: RepairPlan, rng: np.random.Generator) -> dict[str, safetensors_save.Entry]:
+    """The entries of every part of an edited table saved in parts (`TensorEdit.parts`), by part name: a part
+    whose rows the plan keeps in place is copied as it is, the others are sliced from the table computed once."""
+    out = {}
+    for edit in plan.weights.values():
+        produced: list[np.ndarray] = []
+
+        def rows(start: int, count: int, e=edit, produced=produced) -> np.ndarray:
+            if not produced:
+                produced.append(e.produce(plan.init, plan.std, rng))
+            return produced[0][start:start + count]
+
+        for part, start, count, same in edit.parts():
+            shape = (count, *part.shape[1:])
+            out[part.name] = safetensors_save.Entry(part.name, part.dtype, shape, copy_from=part.locate()) if same \
+                else safetensors_save.Entry(part.name, part.dtype, shape,
+                                            produce=lambda s=start, c=count, r=rows: r(s, c))  # type: ignore[misc]
+    return out
+
+
 def write_hf_folder(plan: RepairPlan, out: str, record_fn: Callable[[], dict], *, rng: np.random.Generator,
                     in_place: bool, progress: Any = None) -> str | None:
     source = plan.ckpt.path
-    edited_files = {plan.ckpt.model[name].locate().file for name in plan.weights}
+    edited_files = {file for name in plan.weights for file in plan.ckpt.model[name].files()}
     backup = backup_path(out) if in_place and os.path.exists(out) else None
     copied: dict[str, int] = {}
     edited = {os.path.realpath(p) for p in edited_files}
@@ -192,8 +215,6 @@ def _update_index_sizes(plan: RepairPlan, folder: str) -> None:
 
 
 def _nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    from ckptfix.dtypes import DTYPE_SIZES
-
     return DTYPE_SIZES[dtype] * math.prod(shape)
 
 

@@ -38,7 +38,7 @@ def write_hf_in_place(plan: RepairPlan, out: str, record_fn: Callable[[], dict],
     folder = plan.ckpt.path
     index_name = _index(folder)
     undo = InPlace(folder, index_name)
-    shards = {os.path.basename(plan.ckpt.model[name].locate().file) for name in plan.weights}
+    shards = {os.path.basename(file) for name in plan.weights for file in plan.ckpt.model[name].files()}
     with undo:
         renamed = {shard: _new_shard_name(folder, shard) for shard in sorted(shards)}
         for shard, new in renamed.items():
