@@ -547,6 +547,8 @@ def gen_hf(ctx: Ctx) -> list[list[str]]:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
             os.mkfifo(p)
+        elif r < 0.8:
+            _split_table(dst, rng)
         else:  # a training file replaced by a mutated tree
             import torch
 
@@ -559,6 +561,30 @@ def gen_hf(ctx: Ctx) -> list[list[str]]:
                         (dst / which).unlink()
                     torch.save(mutate_tree(_copy_tree(tree), rng, rng.randint(1, 3)), dst / which)
     return ctx.commands(dst)
+
+
+def _split_table(folder: Path, rng: random.Random) -> None:
+    """The weights with an embedding saved in two parts (Molmo2's `wte.embedding` + `wte.new_embedding`, which the
+    HF reader joins into one table and repair saves in parts again) of hostile shapes and dtypes, and a config
+    stating rows past the vocab that may or may not fit them."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    shapes = [(0, 8), (48, 8), (24, 8), (1, 8), (24, 0), (3, 8, 1), (24,), (5, 9), (40, 8)]
+    dtypes = [np.float32, np.float16, np.int64, np.float64]
+    tensors = {"wte.embedding": np.ones(rng.choice(shapes), rng.choice(dtypes)),
+               "wte.new_embedding": np.ones(rng.choice(shapes), rng.choice(dtypes)),
+               "norm.weight": np.ones(8, np.float32)}
+    if rng.random() < 0.3:
+        tensors["lm_head.weight"] = np.ones(rng.choice(shapes), np.float32)
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, OSError):
+        (folder / "model.safetensors").unlink()
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {"vocab_size": rng.choice([48, 24, 40, 0, -1]), "additional_vocab_size": rng.choice(
+        [24, 0, 8, -3, 2 ** 40, True, "x", None, 48])}
+    with contextlib.suppress(FileNotFoundError, IsADirectoryError, OSError):
+        (folder / "config.json").unlink()
+    (folder / "config.json").write_text(json.dumps(config))
 
 
 def mutate_json(doc: Any, rng: random.Random, rounds: int = 2) -> Any:
