@@ -117,6 +117,16 @@ def vocab_tensor_names(state: dict[str, torch.Tensor], vocab: int) -> set[str]:
     return {n for n, t in state.items() if vocab in t.shape}
 
 
+def named_tensors(report: Any) -> set[str]:
+    """The tensor names inspect says are vocab tensors, tied ones included; a table saved in parts (a
+    `JoinedTensor`, named `first+second`) by the names of its parts, as the file holds them."""
+    named = {v.tied_to for v in report.vocab if v.tied_to}
+    for v in report.vocab:
+        parts = getattr(report.ckpt.model.get(v.name), "parts", ())
+        named |= {p.name for p in parts} if parts else {v.name}
+    return named
+
+
 def check_architecture(arch: tuple[str, str, dict], folder: Path) -> Outcome:
     out = Outcome(arch_id(arch))
     folder.mkdir(parents=True, exist_ok=True)
@@ -131,10 +141,7 @@ def check_architecture(arch: tuple[str, str, dict], folder: Path) -> Outcome:
     right = ckptfix.inspect(str(src), tokenizer=str(word_level_tokenizer(folder / "right.json", VOCAB)))
     wrong = ckptfix.inspect(str(src), tokenizer=str(word_level_tokenizer(folder / "wrong.json", VOCAB + 5)))
     errors = [f.code for f in right.findings if f.severity == "error"]
-    # a table saved in parts (a `JoinedTensor`, named `first+second`) is named by its parts
-    named = {p.name for v in wrong.vocab for p in getattr(wrong.ckpt.model.get(v.name), "parts", ())} | \
-        {v.name for v in wrong.vocab if not hasattr(wrong.ckpt.model.get(v.name), "parts")} | \
-        {v.tied_to for v in wrong.vocab if v.tied_to}
+    named = named_tensors(wrong)
     missed = expected - named
     extra = named - expected
     if errors:
@@ -590,10 +597,7 @@ def _check_folder(model: torch.nn.Module, src: Path, folder: Path) -> str:
     right = ckptfix.inspect(str(src), tokenizer=str(src))
     wrong = ckptfix.inspect(str(src), tokenizer=str(new_dir))
     errors = [f.code for f in right.findings if f.severity == "error"]
-    # a table saved in parts (a `JoinedTensor`, named `first+second`) is named by its parts
-    named = {p.name for v in wrong.vocab for p in getattr(wrong.ckpt.model.get(v.name), "parts", ())} | \
-        {v.name for v in wrong.vocab if not hasattr(wrong.ckpt.model.get(v.name), "parts")} | \
-        {v.tied_to for v in wrong.vocab if v.tied_to}
+    named = named_tensors(wrong)
     if errors:
         return f"inspect at its tokenizer's size: {errors}"
     if named != expected:
