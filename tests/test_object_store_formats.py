@@ -505,3 +505,38 @@ LOADERS: dict[str, Callable[[str, Path], None]] = {
     "accelerate": lambda url, local: _torch_files(url, local, "pytorch_model.bin", "optimizer.bin"),
     "deepspeed-universal": _universal_files,
 }
+
+
+def test_a_table_saved_in_parts_repairs_from_and_to_s3_as_here(s3, tmp_path):
+    """Molmo2TextModel's embedding in two parts (read as one `JoinedTensor`, saved as the parts again): inspect,
+    repair from s3:// and repair to s3:// give the local results, and the parts come back as the local ones."""
+    import json
+
+    from arch_corpus import VOCAB, build_registry_model, registry_step, save_trainer_folder, trainer_optimizer
+    from tokenizer_factory import extend_tokenizer_json
+
+    model = build_registry_model("molmo2_text", "Molmo2TextModel", VOCAB)
+    opt, sched = trainer_optimizer(model)
+    registry_step(model, opt, sched, VOCAB, seed=1)
+    local = save_trainer_folder(model, opt, sched, tmp_path / "run" / "checkpoint-1", step=1)
+    tok = tmp_path / "new.json"
+    extend_tokenizer_json(local / "tokenizer.json", tok, ["<a>", "<b>", "<c>"])
+    url = s3.url(f"molmo/run/{local.name}")
+    s3.upload(str(local), url)
+    here, there = run("inspect", local, "--tokenizer", tok), run("inspect", url, "--tokenizer", tok)
+    assert here.exit_code == there.exit_code == 1 and "wte.embedding+wte.new_embedding" in here.stdout
+    assert there.stdout == _as_remote(here.stdout, local, url, tok)
+    named = run("repair", url, "-t", tok, "-o", tmp_path / "named")  # the old tokenizer: the folder's own
+    assert named.exit_code == 0, named
+    notes = json.loads((tmp_path / "named" / "ckptfix.json").read_text())["notes"]
+    assert f"rows moved by token string from the old tokenizer {url} (saved in the checkpoint folder)" in notes
+    work = tmp_path / "from"  # named alike in both (a URL and a path otherwise)
+    (work / "here").mkdir(parents=True)
+    (work / "there").mkdir()
+    _repairs_alike(s3, local, url, tok, work, "--from-tokenizer", local)
+    into = tmp_path / "to"
+    into.mkdir()
+    out, here, there = _repaired_here_and_to_s3(s3, local, local, tok, into)
+    assert here.exit_code == 0, here
+    s3.download(s3.url("out/"), str(into / "back"))
+    _same_output(into / "here", into / "back")

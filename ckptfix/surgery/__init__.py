@@ -199,6 +199,13 @@ def _named(path: str) -> str:
     return remote.source_name(path) if remote is not None else os.path.abspath(path)
 
 
+def _spelled(text: str) -> str:
+    """A note as a record keeps it: an object-store input's private mirror path spelled as its URL (the old
+    tokenizer an HF folder holds is a path in the mirror), as the CLI prints it."""
+    remote = sys.modules.get("ckptfix.remote")
+    return remote.shown(text) if remote is not None else text
+
+
 def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, trust_pickle: bool,
                              keep: tuple[str, ...], own_rows: int | None, formats: tuple[str, ...] | None = None,
                              **options: Any) -> RepairPlan:
@@ -348,7 +355,7 @@ def plan_record(plan: RepairPlan, source_sha256: str | None) -> Record:
         "rows_moved_by": plan.rows_by,
         "changes": plan.changes,
         "scaler_reset": plan.reset_scaler,
-        "notes": list(plan.notes),
+        "notes": [_spelled(note) for note in plan.notes],
     }
     return Record(
         REPAIR_SCHEMA,
