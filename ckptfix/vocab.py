@@ -36,6 +36,7 @@ class VocabTensor:
     optimizer_index: Any = None
     index_known: bool = True  # False: paired with a same-shape entry (the moments' row plan is the same either way)
     offset: int = 0  # rows past the LM vocabulary the model class itself adds (Mllama: vocab_size + 8 image rows)
+    parts: tuple[str, ...] = ()  # a table saved in parts (a `JoinedTensor`): the saved tensors, in row order
 
     @property
     def token_rows(self) -> int:
@@ -45,7 +46,7 @@ class VocabTensor:
     def to_json(self) -> dict:
         return {"name": self.name, "role": self.role, "rows": self.rows, "shape": list(self.shape),
                 "tied_to": self.tied_to, "offset": self.offset, "optimizer_index": self.optimizer_index if self.index_known else None,
-                "moments": {k: list(t.shape) for k, t in self.moments.items()}}
+                "moments": {k: list(t.shape) for k, t in self.moments.items()}, "parts": list(self.parts)}
 
 
 def vocab_rows(vocab: list[VocabTensor]) -> int | None:
@@ -98,6 +99,8 @@ def find_vocab_tensors(ckpt: Checkpoint, mapping: ParamMapping, tokenizer_size: 
     found.update(_head_columns(ckpt, found, rows, kept))
     found.update(_token_lookups(ckpt, rows, kept))
     found = {**_offset_tables(ckpt, found, widths, kept, stated), **found}
+    for v in found.values():  # a table saved in parts: named by them too (the report, --json)
+        v.parts = tuple(p.name for p in getattr(ckpt.model[v.name], "parts", ()))
     _set_offsets(ckpt, found, stated)
     if own_rows is not None:
         declare_own_rows(ckpt, list(found.values()), own_rows)

@@ -120,11 +120,7 @@ def vocab_tensor_names(state: dict[str, torch.Tensor], vocab: int) -> set[str]:
 def named_tensors(report: Any) -> set[str]:
     """The tensor names inspect says are vocab tensors, tied ones included; a table saved in parts (a
     `JoinedTensor`, named `first+second`) by the names of its parts, as the file holds them."""
-    named = {v.tied_to for v in report.vocab if v.tied_to}
-    for v in report.vocab:
-        parts = getattr(report.ckpt.model.get(v.name), "parts", ())
-        named |= {p.name for p in parts} if parts else {v.name}
-    return named
+    return {v.tied_to for v in report.vocab if v.tied_to} | {n for v in report.vocab for n in (v.parts or (v.name,))}
 
 
 def check_architecture(arch: tuple[str, str, dict], folder: Path) -> Outcome:

@@ -40,7 +40,7 @@ VOCAB = {"tokenizer": (dict, type(None)), "tensors": list, "tied_head_not_stored
 TOKENIZER = {"path": str, "kind": str, "source": str, "base_size": int, "added": int, "special_tokens": list,
              "size": int}
 VOCAB_TENSOR = {"name": str, "role": str, "rows": int, "shape": list, "tied_to": OPT_STR, "offset": int,
-                "optimizer_index": (int, str, type(None)), "moments": dict}
+                "optimizer_index": (int, str, type(None)), "moments": dict, "parts": list}
 FINDING = {"code": str, "severity": str, "title": str, "message": str, "pytorch": str, "fix": str, "tensors": list}
 SUMMARY = {"error": int, "warning": int, "info": int}
 

@@ -239,8 +239,8 @@ def test_an_embedding_saved_in_two_parts_is_one_table_grown_and_saved_in_parts(t
     assert not [n for n in same.notes if "separate vocabulary" in n], same.notes
     assert [f.code for f in same.findings if f.severity == "error"] == []
     (table,) = same.vocab
-    assert (table.name, table.rows, table.offset, sorted(table.moments)) == (
-        "wte.embedding+wte.new_embedding", 331, 128, ["exp_avg", "exp_avg_sq"])
+    assert (table.name, table.parts, table.rows, table.offset, sorted(table.moments)) == (
+        "wte.embedding+wte.new_embedding", ("wte.embedding", "wte.new_embedding"), 331, 128, ["exp_avg", "exp_avg_sq"])
     grown = ckptfix.inspect(str(src), tokenizer=new)
     (short,) = [f for f in grown.findings if f.code == "CKF101"]
     assert "203 rows but the tokenizer has 206" in short.message
