@@ -437,13 +437,13 @@ def split_tables(model: dict[str, TensorInfo]) -> list[tuple[TensorInfo, TensorI
 def join_split_tables(model: dict[str, TensorInfo], tied: dict[str, str]) -> dict[str, TensorInfo]:
     """`model` with each table saved in two parts as one `JoinedTensor`, in the first part's place, where the
     parts can be joined as they are (one float dtype, contiguous, distinct storages, neither tied to another
-    name); else left as read."""
+    name, the joined name not a tensor's own); else left as read."""
     joined: dict[str, JoinedTensor] = {}
     aliased = set(tied) | set(tied.values())
     for first, second in split_tables(model):
         if first.dtype != second.dtype or not first.is_float or first.storage_id == second.storage_id or any(
                 p.stride not in (None, p.contiguous_stride()) or type(p) is not TensorInfo or p.name in aliased
-                for p in (first, second)):
+                for p in (first, second)) or f"{first.name}+{second.name}" in model:  # the name taken: as read
             continue
         table = JoinedTensor(name=f"{first.name}+{second.name}", shape=(first.shape[0] + second.shape[0],
                              first.shape[1]), dtype=first.dtype, locate=_in_parts(first.name, second.name),

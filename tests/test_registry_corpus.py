@@ -334,6 +334,17 @@ def test_odd_tables_in_parts_give_a_report_a_repair_or_one_line(tmp_path, first,
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
 
 
+def test_parts_are_not_joined_under_a_name_a_tensor_already_has(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    save_file({"wte.embedding": np.ones((6, 4), np.float32), "wte.new_embedding": np.ones((1, 4), np.float32),
+               "wte.embedding+wte.new_embedding": np.ones((7, 4), np.float32)}, tmp_path / "model.safetensors")
+    model = ckptfix.inspect(str(tmp_path)).ckpt.model
+    assert {"wte.embedding", "wte.new_embedding", "wte.embedding+wte.new_embedding"} <= set(model)
+    assert not any(hasattr(t, "parts") for t in model.values())
+
+
 def test_a_table_in_parts_splits_as_its_save_would_when_the_first_part_no_longer_fits():
     from ckptfix.checkpoint import JoinedTensor, TensorInfo
 
