@@ -375,6 +375,7 @@ def _read_scalar_numpy(tensor: TensorInfo) -> float | None:
     return float(storage[tensor.offset])
 
 
+@dataclass
 class JoinedTensor(TensorInfo):
     """One table saved as tensors that its loader concatenates along rows (Molmo2's `wte.embedding` +
     `wte.new_embedding`: transformers 5 joins them into `embed_tokens`, vocab_size + additional_vocab_size
@@ -448,8 +449,7 @@ def join_split_tables(model: dict[str, TensorInfo], tied: dict[str, str]) -> dic
         table = JoinedTensor(name=f"{first.name}+{second.name}", shape=(first.shape[0] + second.shape[0],
                              first.shape[1]), dtype=first.dtype, locate=_in_parts(first.name, second.name),
                              storage_id=f"joined:{first.storage_id}+{second.storage_id}",
-                             is_parameter=first.is_parameter)
-        table.parts = (first, second)
+                             is_parameter=first.is_parameter, parts=(first, second))
         joined[first.name] = table
     if not joined:
         return model

@@ -348,9 +348,10 @@ def test_parts_are_not_joined_under_a_name_a_tensor_already_has(tmp_path):
 def test_a_table_in_parts_splits_as_its_save_would_when_the_first_part_no_longer_fits():
     from ckptfix.checkpoint import JoinedTensor, TensorInfo
 
-    table = JoinedTensor("a.embedding+a.new_embedding", (331, 4), "float32", locate=lambda: None, storage_id="x")
-    table.parts = (TensorInfo("a.embedding", (166, 4), "float32", lambda: None, "1"),
-                   TensorInfo("a.new_embedding", (165, 4), "float32", lambda: None, "2"))
+    parts = (TensorInfo("a.embedding", (166, 4), "float32", lambda: None, "1"),
+             TensorInfo("a.new_embedding", (165, 4), "float32", lambda: None, "2"))
+    table = JoinedTensor("a.embedding+a.new_embedding", (331, 4), "float32", locate=lambda: None, storage_id="x",
+                         parts=parts)
     assert table.part_rows(334) == [166, 168] and table.part_rows(167) == [166, 1]
     assert table.part_rows(166) == [83, 83] and table.part_rows(101) == [51, 50]  # torch.chunk's split
 

@@ -15,11 +15,10 @@ _LOAD_RAISES = ("model.load_state_dict raises RuntimeError 'size mismatch for {n
                 "{rows}-row moments silently and step() then fails with 'The size of tensor a ... must match'.")
 
 
-def loaded_name(ctx: Context, name: str) -> str:
+def loaded_name(v: VocabTensor) -> str:
     """The name a load error quotes for a vocab tensor: its own, or for a table saved in parts (a `JoinedTensor`)
     the tensor the loader joins them into, whose name the file does not hold."""
-    parts = getattr(ctx.ckpt.model.get(name), "parts", ())
-    return f"<the table joined from {' and '.join(p.name for p in parts)}>" if parts else name
+    return f"<the table joined from {' and '.join(v.parts)}>" if v.parts else v.name
 
 
 def rows_past_recorded(ctx: Context) -> tuple[VocabTensor, int] | None:
@@ -45,7 +44,7 @@ def rows_past_recorded_size(ctx: Context) -> Iterator[Finding]:
         f"{' (the tokenizer has ' + str(lm) + ' tokens)' if ctx.tokenizer is not None else ''}; with no head, "
         "ckptfix cannot tell the model's own rows from a config left at an old size",
         pytorch=f"from_pretrained builds the class from vocab_size={lm}: it loads if the class adds those rows "
-        f"itself (MllamaModel: vocab_size + 8), and raises 'size mismatch for {loaded_name(ctx, v.name)}' if it does not.",
+        f"itself (MllamaModel: vocab_size + 8), and raises 'size mismatch for {loaded_name(v)}' if it does not.",
         fix=f"If the class adds them, nothing to do (to grow the vocab: repair with --own-rows {v.rows - lm}); if "
         f"not, set the recorded vocab size to {v.rows}.", tensors=[v.name])
 
@@ -141,7 +140,7 @@ def rows_below_tokenizer(ctx: Context) -> Iterator[Finding]:
         "CKF101", f"{len(short)} vocab tensor(s) have {rows} rows but the tokenizer has {size} tokens "
         f"(ids {rows}..{size - 1} have no row){extra}",
         pytorch=(_MEGATRON_LOADS if ctx.ckpt.format == "megatron" else
-                 _LOAD_RAISES.format(name=loaded_name(ctx, short[0].name), tokens=size, rows=rows) +
+                 _LOAD_RAISES.format(name=loaded_name(short[0]), tokens=size, rows=rows) +
                  " Used as is, the first id >= rows raises IndexError (a device-side assert on CUDA)."),
         fix=ctx.repair_command(), tensors=[v.name for v in short])
 
@@ -170,7 +169,7 @@ def rows_above_tokenizer(ctx: Context) -> Iterator[Finding]:
     yield finding(
         "CKF102", f"{len(extra)} vocab tensor(s) have {rows} rows but the tokenizer has {size} tokens "
         f"({rows - size} extra row(s), not padding to a multiple of 8..256)",
-        pytorch=_LOAD_RAISES.format(name=loaded_name(ctx, extra[0].name), tokens=size, rows=rows),
+        pytorch=_LOAD_RAISES.format(name=loaded_name(extra[0]), tokens=size, rows=rows),
         fix=ctx.repair_command(), tensors=[v.name for v in extra])
 
 
@@ -219,7 +218,7 @@ def rows_reserved_odd(ctx: Context) -> Iterator[Finding]:
         pytorch=f"A model built from the checkpoint's config (from_pretrained, or vocab_size={fit.rows}) loads it "
         f"and ids stay below {fit.tokens}: fine. A script that calls model.resize_token_embeddings(len(tokenizer)) "
         f"before trainer.train(resume_from_checkpoint=...) builds {fit.tokens} rows, and loading raises "
-        f"'size mismatch for {loaded_name(ctx, vocab.name)}' ({fit.rows} rows in the checkpoint).",
+        f"'size mismatch for {loaded_name(vocab)}' ({fit.rows} rows in the checkpoint).",
         fix="Build the model from the checkpoint's config and do not resize it to len(tokenizer); or, for one row "
         f"per token, {ctx.repair_command('--pad-to', '1')} and resume from that.",
         tensors=[v.name for v, _ in odd])

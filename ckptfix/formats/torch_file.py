@@ -221,9 +221,8 @@ def open_archive(path: str) -> TorchArchive:
 def _prefetch_headers(path: str, records: list[zipfile.ZipInfo], others: list[zipfile.ZipInfo]) -> bool:
     """In object storage, every member's local header (and each small record whole) in a few requests:
     True. The tensor records' ones (`records`; `others` always) only within `remote.PREFETCH_BUDGET`
-    requests: when they lie among
-    large records (a step after each parameter's moments: a request each, hundreds for a large model),
-    False, and they are read with their records."""
+    requests: when they lie among large records (a step after each parameter's moments: a request each,
+    hundreds for a large model), False, and they are read with their records."""
     remote = sys.modules.get("ckptfix.remote")
     if remote is None or not remote.active():
         return True
