@@ -265,9 +265,13 @@ def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: A
     (that would read the whole folder, the cost in-place exists to avoid)."""
     if out is not None and os.path.abspath(os.fspath(out)) != os.path.abspath(source):
         raise RepairError("--in-place writes into the checkpoint itself; drop -o/--out")
+    from ckptfix.surgery.undo import finish_interrupted
+
+    undone = [] if dry_run or not os.path.isdir(source) else finish_interrupted(source)  # before it is read
     plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, keep, own_rows, policy=policy,
                                     init=init, std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids,
                                     formats=IN_PLACE_FORMATS)
+    plan.notes[:0] = undone
     ckpt = plan.ckpt
     writer = None if plan.is_noop() else _in_place_writer(ckpt.format)
     if dry_run or writer is None:

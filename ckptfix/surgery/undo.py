@@ -2,27 +2,36 @@
 
 An in-place repair adds files (new data files, a new shard) and replaces a few small ones (DCP
 `.metadata`, an HF index, `config.json`, tokenizer files) after keeping each previous one under
-`NAME.ckptfix-bak`. `ckptfix-restore.json` lists both; `restore` puts every backup back under its name
-(the file that switches the checkpoint, `.metadata` or the index, first) and removes the added files.
+`NAME.ckptfix-bak`. `ckptfix-restore.json` lists both, written ahead of each step (`InPlace`); `restore` puts
+every backup back under its name (the file that switches the checkpoint, `.metadata` or the index, first) and
+removes the added files. Both can be interrupted and run again: each step is done once or passed over.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 from typing import Any, Callable
 
 from ckptfix.errors import RepairError
-from ckptfix.io import atomic_write, create_file, fsync_dir
+from ckptfix.io import TMP_MARK, atomic_write, create_file, fsync_dir
 from ckptfix.untrusted import escape, load_json_file, open_regular
 
 RESTORE_FILE = "ckptfix-restore.json"
 BACKUP_SUFFIX = ".ckptfix-bak"
+SCRATCH_PREFIX = ".ckptfix-scratch-"
 
 
 class InPlace:
-    """Collects what an in-place repair of `folder` adds and backs up; `commit()` writes the restore list."""
+    """An in-place repair of `folder`, undoable at every instant: `ckptfix-restore.json` is written before
+    anything is touched and rewritten before each step (write-ahead), so a kill anywhere leaves a list that
+    names everything added or backed up so far. Its `complete` is true only once the switch file is replaced;
+    `finish_interrupted` (run before the next in-place repair reads the folder) and `restore` both undo an
+    incomplete one. Every backup is made in one step (a hard link of the file about to be replaced, or a
+    rename of a file that goes), so a listed backup is either absent (the name still holds the original) or
+    whole."""
 
     def __init__(self, folder: str, switch: str):
         if os.path.lexists(os.path.join(folder, RESTORE_FILE)):
@@ -31,30 +40,85 @@ class InPlace:
         self.folder, self.switch = folder, switch  # `switch`: the file whose replacement switches the checkpoint
         self.added: list[str] = []
         self.backups: dict[str, str] = {}
+        self._scratch: str | None = None
+        self._log()  # the undo record before anything is touched
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
 
+    def _log(self, complete: bool = False) -> None:
+        atomic_write(self.path(RESTORE_FILE), json.dumps({"switch": self.switch, "added": self.added,
+                                                          "backups": self.backups, "complete": complete},
+                                                         indent=2).encode())
+
     def add(self, name: str) -> str:
+        """A new file's path, listed before it is created (a name already taken is refused: never removed
+        by an undo that did not create it)."""
+        if os.path.lexists(self.path(name)):
+            raise RepairError(f"{self.path(name)}: already exists; move it away and run again")
         self.added.append(name)
+        self._log()
         return self.path(name)
 
-    def keep(self, name: str, *, move: bool = False) -> str | None:
-        """Keep the current `name` as its backup (moved, for a file about to be written anew, or copied);
-        returns the backup's path, None when there is no such file (then the new one counts as added)."""
-        if not os.path.lexists(self.path(name)):
-            self.added.append(name)
-            return None
+    def scratch(self) -> str:
+        """A private folder inside `folder` for files written before they are moved to their names (listed,
+        so an undo removes what a kill left there; removed when the repair completes)."""
+        if self._scratch is None:
+            n = 0
+            while os.path.lexists(self.path(f"{SCRATCH_PREFIX}{n}")):
+                n += 1
+            self._scratch = self.add(f"{SCRATCH_PREFIX}{n}")
+            os.mkdir(self._scratch, 0o700)
+        return self._scratch
+
+    def _back_up(self, name: str, *, move: bool) -> str:
         backup = name + BACKUP_SUFFIX
         if os.path.lexists(self.path(backup)):  # never replaced, never written through (a planted link)
             raise RepairError(f"{self.folder}: {backup} already exists; move it away (an earlier backup?) and run "
                               "again")
+        self.backups[name] = backup
+        self._log()
         if move:
             os.rename(self.path(name), self.path(backup))  # renames the entry itself, a link included
         else:
-            _copy_new(self.path(name), self.path(backup))
-        self.backups[name] = backup
+            _link_or_copy(self.path(name), self.path(backup))
+        fsync_dir(self.folder)
         return self.path(backup)
+
+    def keep(self, name: str) -> str | None:
+        """Keep the current `name` as its backup before it is replaced by an atomic rename (`atomic_write`):
+        a hard link, so the old bytes stay whole under the backup's name. None (and `name` listed as added)
+        when there is no such file."""
+        if not os.path.lexists(self.path(name)):
+            self.add(name)
+            return None
+        return self._back_up(name, move=False)
+
+    def install(self, name: str, new: str) -> None:
+        """The written file `new` becomes `name` in one rename, the current `name` kept first."""
+        with open(new, "rb") as f:
+            os.fsync(f.fileno())
+        self.keep(name)
+        os.replace(new, self.path(name))
+        fsync_dir(self.folder)
+
+    def remove(self, name: str) -> None:
+        """`name` goes (renamed to its backup)."""
+        self._back_up(name, move=True)
+
+    def rewrite(self, name: str, write: Callable[[str], bool]) -> bool:
+        """`name` rewritten by `write(new_path)` (which reads the current `name` where it is; False: nothing to
+        change; True with no file written: `name` goes), then installed."""
+        new = os.path.join(self.scratch(), name)
+        if not write(new):
+            if os.path.lexists(new):
+                os.remove(new)
+            return False
+        if os.path.lexists(new):
+            self.install(name, new)
+        else:
+            self.remove(name)
+        return True
 
     def __enter__(self) -> InPlace:
         return self
@@ -64,28 +128,82 @@ class InPlace:
             self.abandon()
 
     def switch_over(self, write: Callable[[str], None]) -> None:
-        """The restore list, then the switch file (`write(path)` replaces it atomically): the one step that
-        switches the checkpoint."""
-        self.commit()
+        """The switch file (`write(path)` replaces it atomically): the one step that switches the checkpoint;
+        then the list marked complete and the scratch folder removed."""
         write(self.path(self.switch))
         fsync_dir(self.folder)
-
-    def commit(self) -> None:
-        atomic_write(self.path(RESTORE_FILE), json.dumps(
-            {"switch": self.switch, "added": self.added, "backups": self.backups}, indent=2).encode())
+        self._log(complete=True)
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
 
     def abandon(self) -> None:
         """After an error: everything back as it was (best effort), the switch file too if it was replaced,
-        and the restore list removed (it lists nothing left to undo; left there, it would stop the next
-        in-place repair)."""
-        for name, backup in self.backups.items():
-            if os.path.lexists(self.path(backup)):
-                os.replace(self.path(backup), self.path(name))
-        for name in self.added:
-            if os.path.lexists(self.path(name)):
-                os.remove(self.path(name))
-        if os.path.lexists(self.path(RESTORE_FILE)):
-            os.remove(self.path(RESTORE_FILE))
+        and the restore list removed."""
+        _undo(self.folder, self.switch, self.backups, self.added)
+
+
+def finish_interrupted(folder: str) -> list[str]:
+    """Undo an in-place repair of `folder` that was interrupted (its restore list not marked complete), so the
+    next repair reads the folder as it was; returns what was done (nothing when there is none)."""
+    record = os.path.join(folder, RESTORE_FILE)
+    if not os.path.isfile(record) or os.path.islink(record):
+        swept = _sweep_temporaries(folder)
+        return [f"an interrupted in-place repair's temporary files removed first ({'; '.join(swept)})"] if swept \
+            else []
+    state = load_json_file(record, limit=MAX_RESTORE_BYTES, what="restore list", error=RepairError,
+                           bad="not a restore list (invalid JSON)")
+    if not isinstance(state, dict) or state.get("complete") is not False:
+        return []  # a complete repair (or an old list): InPlace refuses and names `ckptfix restore`
+    done = restore(folder)
+    return [f"an interrupted in-place repair undone first ({'; '.join(done) or 'nothing to put back'})"]
+
+
+def _undo(folder: str, switch: str, backups: dict[str, str], added: list[str]) -> list[str]:
+    """Every backup back under its name (the switch first), every added entry removed, then the list. Each
+    step can be repeated: a backup already put back, an added file already gone, is passed over."""
+    done = []
+    for name in sorted(backups, key=lambda n: n != switch):  # the checkpoint's switch first
+        backup = os.path.join(folder, backups[name])
+        if os.path.lexists(backup):
+            path = os.path.join(folder, name)
+            if _same_entry(backup, path):  # linked, not yet replaced: rename() of two links of one file does nothing
+                os.remove(backup)
+            else:
+                os.replace(backup, path)
+            done.append(f"restored {escape(name)}")
+    fsync_dir(folder)
+    for name in added:
+        path = os.path.join(folder, name)
+        if name.startswith(SCRATCH_PREFIX) and os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+            done.append(f"removed {escape(name)}")
+    if os.path.lexists(os.path.join(folder, RESTORE_FILE)):
+        os.remove(os.path.join(folder, RESTORE_FILE))
+    fsync_dir(folder)
+    return done
+
+
+def _same_entry(a: str, b: str) -> bool:
+    try:
+        sa, sb = os.lstat(a), os.lstat(b)
+    except FileNotFoundError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """`dst` a hard link of `src` (one step: whole or absent); where the file system has no hard links, a copy
+    under a temporary name first, linked then."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        tmp = dst + ".part"
+        _copy_new(src, tmp)
+        os.rename(tmp, dst) if not os.path.lexists(dst) else os.remove(tmp)
 
 
 def _copy_new(src: str, dst: str) -> None:
@@ -111,23 +229,32 @@ def restore(folder: str) -> list[str]:
 
         if is_url(folder):
             return _restore_in_object_store(folder)
+    swept = _sweep_temporaries(folder)
+    if swept and not os.path.lexists(os.path.join(folder, RESTORE_FILE)):
+        return swept  # a run killed while it wrote its first restore list: nothing else was touched
     switch, backups, added = _read_restore_list(folder)
-    keep = _referenced(folder, switch, backups[switch])
-    needed = sorted(set(added) & keep)
-    if needed:
-        raise RepairError(f"{escape(os.path.join(folder, RESTORE_FILE))}: would remove {escape(', '.join(needed))}, "
-                          f"which the restored {escape(switch)} references; nothing restored")
+    if switch in backups:
+        backup = os.path.join(folder, backups[switch])
+        keep = _referenced(folder, switch, backups[switch] if os.path.lexists(backup) else switch)
+        needed = sorted(set(added) & keep)
+        if needed:
+            raise RepairError(f"{escape(os.path.join(folder, RESTORE_FILE))}: would remove "
+                              f"{escape(', '.join(needed))}, which the restored {escape(switch)} references; "
+                              "nothing restored")
+    return swept + _undo(folder, switch, backups, added)
+
+
+def _sweep_temporaries(folder: str) -> list[str]:
+    """The temporary files `io.atomic_file` names `.NAME.ckptfix-tmp-XXXX` that a killed run left in the
+    folder (only ckptfix makes such names; a whole one is renamed at once, so what is left is never data)."""
+    if not os.path.isdir(folder):
+        return []
     done = []
-    for name in sorted(backups, key=lambda n: n != switch):  # the checkpoint's switch first
-        os.replace(os.path.join(folder, backups[name]), os.path.join(folder, name))
-        done.append(f"restored {escape(name)}")
-    for name in added:
+    for name in sorted(os.listdir(folder)):
         path = os.path.join(folder, name)
-        if os.path.lexists(path):
+        if name.startswith(".") and TMP_MARK in name and os.path.isfile(path) and not os.path.islink(path):
             os.remove(path)
-            done.append(f"removed {escape(name)}")
-    os.remove(os.path.join(folder, RESTORE_FILE))
-    fsync_dir(folder)
+            done.append(f"removed {escape(name)} (left by an interrupted run)")
     return done
 
 
@@ -146,7 +273,8 @@ def _restore_in_object_store(url: str) -> list[str]:
     fs, root = mirror.fs, mirror.key
     try:
         for name in sorted(backups, key=lambda n: n != switch):  # the checkpoint's switch first
-            fs.copy(f"{root}/{backups[name]}", f"{root}/{name}")
+            if fs.exists(f"{root}/{backups[name]}"):  # else put back already, or never made
+                fs.copy(f"{root}/{backups[name]}", f"{root}/{name}")
         for name in [*backups.values(), *added, RESTORE_FILE]:
             if fs.exists(f"{root}/{name}"):
                 fs.rm_file(f"{root}/{name}")
@@ -176,9 +304,14 @@ def _read_restore_list(folder: str) -> tuple[str, dict[str, str], list[str]]:
         if backup != name + BACKUP_SUFFIX:
             raise RepairError(f"{shown}: backups: {escape(name)} -> {escape(backup)} is not its {BACKUP_SUFFIX}; "
                               "nothing restored")
-        if not os.path.isfile(os.path.join(folder, backup)) or os.path.islink(os.path.join(folder, backup)):
-            raise RepairError(f"{shown}: backup {escape(backup)} is missing or not a regular file; nothing restored")
-    if switch not in backups:  # every in-place repair keeps the file it switches
+        path = os.path.join(folder, backup)
+        if os.path.lexists(path) and (not os.path.isfile(path) or os.path.islink(path)):
+            raise RepairError(f"{shown}: backup {escape(backup)} is not a regular file; nothing restored")
+        if not os.path.lexists(path) and not os.path.lexists(os.path.join(folder, name)):
+            # a backup is made in one step, and put back in one: one of the two names always holds the file
+            raise RepairError(f"{shown}: neither {escape(name)} nor its backup {escape(backup)} is there; "
+                              "nothing restored")
+    if state.get("complete") is not False and switch not in backups:  # a complete repair kept its switch file
         raise RepairError(f"{shown}: no backup of {escape(switch)}, the file it switches; nothing restored")
     if set(added) & (set(backups) | set(backups.values()) | {RESTORE_FILE}):
         raise RepairError(f"{shown}: added names a file it also restores; nothing restored")

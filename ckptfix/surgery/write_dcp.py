@@ -272,8 +272,9 @@ def _new_data_name(*folders: str) -> str:
     return f"__ckptfix{n}_0.distcp"
 
 
-def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None) -> str:
-    """`dcp.save` the changed items (nested as in the source) into `folder/name`; returns `name`."""
+def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None, scratch: str | None = None) -> str:
+    """`dcp.save` the changed items (nested as in the source) into `folder/name`; returns `name`. `scratch`: where
+    `dcp.save` writes first (default `folder`; an in-place repair's listed scratch folder)."""
     if not edits.writes:
         return name
     # torch.distributed.checkpoint takes ~2 s to import: a worker imports it while this thread computes
@@ -292,7 +293,7 @@ def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None)
     tree: dict = {}
     for path, value in edits.writes.values():
         dcp_folder.insert_at(tree, path, value.torch() if isinstance(value, _Produce) else value)
-    scratch = tempfile.mkdtemp(prefix=".dcp-save", dir=folder)
+    scratch = tempfile.mkdtemp(prefix=".dcp-save", dir=scratch or folder)
     try:
         single = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
         with warnings.catch_warnings():  # "torch.distributed is disabled ... assuming a single process"
@@ -429,7 +430,8 @@ def _write_in_place(plan: RepairPlan, layout: DcpLayout, edits: DcpEdits, record
     with undo:
         if edits.writes:
             undo.add(new_file)
-        _save_changed(edits, folder, new_file, progress)
+            undo.add(f".{new_file}.metadata")
+        _save_changed(edits, folder, new_file, progress, scratch=undo.scratch())
         metadata = merged_metadata(layout, edits, new_file, folder, folder)
         backup = undo.keep(METADATA_FILE)
         undo.keep(RECORD_FILE)

@@ -72,21 +72,24 @@ def _new_shard_name(folder: str, shard: str) -> str:
 
 
 def _rewrite_fixed_files(plan: RepairPlan, undo: InPlace, rng: np.random.Generator, progress: Any) -> None:
-    """config.json, optimizer.pt, scaler.pt, scheduler.pt as the policy requires; the new tokenizer's files."""
+    """config.json, optimizer.pt, scaler.pt, scheduler.pt as the policy requires; the new tokenizer's files.
+    Each is written in the scratch folder, reading the current file where it is (the plan's tensors point
+    there), then installed with one rename; the old one stays whole as its backup."""
+    def rewriter(name: str) -> Callable[[str], bool]:
+        return lambda new: _rewrite_training_file(plan, name, undo.path(name), new, rng, progress)
+
     for name in ("config.json", "optimizer.pt", "scaler.pt", "scheduler.pt"):
-        if not os.path.exists(undo.path(name)):
-            continue
-        backup = undo.keep(name, move=True)
-        assert backup is not None
-        if not _rewrite_training_file(plan, name, backup, undo.path(name), rng, progress):
-            os.replace(backup, undo.path(name))  # nothing to change after all
-            del undo.backups[name]
-    for name in TOKENIZER_FILES:  # the new tokenizer's files replace the old ones
         if os.path.exists(undo.path(name)):
-            undo.keep(name, move=True)
-    before = set(os.listdir(undo.folder))
-    _copy_tokenizer(plan.tokenizer, undo.folder)
-    undo.added.extend(sorted(set(os.listdir(undo.folder)) - before))
+            undo.rewrite(name, rewriter(name))
+    staged = os.path.join(undo.scratch(), "tokenizer")
+    os.mkdir(staged)
+    _copy_tokenizer(plan.tokenizer, staged)
+    new_names = sorted(os.listdir(staged))
+    for name in TOKENIZER_FILES:  # the old tokenizer's files go: the new tokenizer's replace them
+        if name not in new_names and os.path.lexists(undo.path(name)):
+            undo.remove(name)
+    for name in new_names:
+        undo.install(name, os.path.join(staged, name))
 
 
 def _new_index(plan: RepairPlan, path: str, renamed: dict[str, str]) -> bytes:
