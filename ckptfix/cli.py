@@ -283,6 +283,43 @@ def restore(folder: str, quiet: bool) -> None:
         _echo(line)
 
 
+@cli.command()
+@click.argument("run_dir", type=click.Path())
+@click.option("--scan", is_flag=True, help="Also read tensor bytes: every torch.save record against its CRC-32.")
+@_QUIET_ONLY
+def latest(run_dir: str, scan: bool, quiet: bool) -> None:
+    """Print the newest checkpoint in RUN_DIR that is complete and whole (a save cut short is skipped).
+
+    Candidates: Trainer checkpoint-N/, Lightning *.ckpt, DCP step-N/, Megatron iter_N/, DeepSpeed
+    global_stepN/. Only structure is read: the files a resume reads are there, non-empty, and parse.
+    Exit 0 with the path on stdout; 1 when none is whole (each newer candidate and why on stderr);
+    2 when RUN_DIR is not a folder.
+
+    \b
+    Examples:
+      ckptfix latest output/
+      python train.py --resume_from_checkpoint "$(ckptfix latest output/)"
+      ckptfix latest lightning_logs/version_0/checkpoints --scan
+    """
+    from ckptfix.latest import latest_checkpoint, tracker_note
+    from ckptfix.untrusted import escape
+
+    result = latest_checkpoint(run_dir, scan=scan)
+    for cand in result.skipped:
+        click.echo(f"ckptfix: skipped {escape(cand.path)}: {'; '.join(cand.reasons)}", err=True)
+    chosen = result.chosen
+    if chosen is not None:
+        for note in chosen.notes:
+            click.echo(f"ckptfix: note: {escape(chosen.path)}: {note}", err=True)
+    if (tracker := tracker_note(result.run_dir, chosen)) is not None:
+        click.echo(f"ckptfix: note: {escape(tracker)}", err=True)
+    if result.path is None:
+        what = "no whole checkpoint" if result.checked else "no checkpoint (checkpoint-N/, *.ckpt, step-N/, iter_N/, global_stepN/)"
+        click.echo(f"ckptfix: {what} in {escape(run_dir)}", err=True)
+        sys.exit(EXIT_FINDINGS)
+    click.echo(result.path)
+
+
 EXPLAIN_SCHEMA = "ckptfix.explain/1"
 
 
