@@ -305,6 +305,7 @@ def check_plain_tree(value: Any, origin: str, field: str, *, max_nodes: int = 1 
 
 MAX_DIMS = 64  # numpy's limit; real tensors have a handful
 INT64_MAX = (1 << 63) - 1
+MAX_DIM = 1 << 48  # one dimension's size: 256 TiB of bytes; (0, 2**62) is empty but plans index its rows
 
 
 def want_shape(value: Any, origin: str, field: str) -> tuple[int, ...]:
@@ -315,4 +316,6 @@ def want_shape(value: Any, origin: str, field: str) -> tuple[int, ...]:
     dims = tuple(want_int(d, origin, f"{field}[{i}]") for i, d in enumerate(want_list(value, origin, field)))
     if math.prod(dims) > INT64_MAX:
         raise fail(origin, field, "at most 2**63 elements", list(dims))
+    if any(d > MAX_DIM for d in dims):
+        raise fail(origin, field, "dimensions of at most 2**48", list(dims))
     return dims

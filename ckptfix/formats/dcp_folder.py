@@ -448,8 +448,12 @@ def _fields(obj: Any, name: str, origin: str) -> dict:
         raise UnreadableCheckpoint(f"{origin}: expected a DCP {name}, found {getattr(obj, 'cls', type(obj).__name__)}")
     state = obj.state
     if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict):  # (dict, slots)
-        state = {**(state[0] or {}), **state[1]}
-    return state if isinstance(state, dict) else {}
+        state = {**(state[0] if isinstance(state[0], dict) else {}), **state[1]}
+    if state is None:
+        return {}
+    if not isinstance(state, dict):
+        raise fail(origin, f"{name} fields", "a dict", state)
+    return state
 
 
 def _item(fqn: str, entry: Any, path: tuple, origin: str) -> Item:
@@ -462,7 +466,14 @@ def _item(fqn: str, entry: Any, path: tuple, origin: str) -> Item:
     props = fields.get("properties")
     # TensorProperties pickles its fields as a tuple (dtype, layout, requires_grad, memory_format, pin_memory).
     pstate = props.state if isinstance(props, OpaqueObject) else None
-    dtype = pstate[0] if isinstance(pstate, tuple) and pstate else (pstate or {}).get("dtype")
+    if isinstance(pstate, tuple) and pstate:
+        dtype = pstate[0]
+    elif isinstance(pstate, dict):
+        dtype = pstate.get("dtype")
+    elif pstate is None:
+        dtype = None
+    else:
+        raise fail(origin, f"properties of {fqn!r}", "a tuple or dict of tensor properties", pstate)
     if not isinstance(dtype, TorchDtype):
         raise UnreadableCheckpoint(f"{origin}: tensor {fqn!r} has no readable dtype")
     chunks = fields.get("chunks")

@@ -45,6 +45,7 @@ from ckptfix.formats.pickle_records import (
     global_name,
     printable,
 )
+from ckptfix.untrusted import MAX_DIM
 
 _DTYPE_ALIASES = TORCH_ALIASES
 
@@ -89,6 +90,8 @@ def _rebuild_tensor(storage, offset, size, stride, requires_grad=False, hooks=No
         numel *= d
     if numel > INT64_MAX:
         raise pickle.UnpicklingError("tensor with more than 2**63 elements")
+    if max(size, default=0) > MAX_DIM:  # (0, 2**62) is empty, but code that walks its rows would not be
+        raise pickle.UnpicklingError("tensor with a dimension over 2**48")
     tensor = TensorRef(storage, offset, size, stride, storage.dtype, bool(requires_grad))
     if metadata:
         if not (isinstance(metadata, dict) and all(k in ("conj", "neg") and isinstance(v, bool)

@@ -16,6 +16,7 @@ from ckptfix.checkpoint import ByteRange, Checkpoint, TensorInfo
 from ckptfix.dtypes import SAFETENSORS_TO_TORCH, TORCH_TO_SAFETENSORS
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats.common import find_tied
+from ckptfix.untrusted import MAX_DIM
 
 MAX_HEADER = 100 << 20  # the safetensors library's own limit
 
@@ -74,7 +75,7 @@ def _check_layout(path: str, header: dict, data_len: int) -> None:
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has unknown dtype {entry['dtype']!r:.40}")
         shape, offsets = entry["shape"], entry["data_offsets"]
         if not (isinstance(shape, list) and len(shape) <= 64
-                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d < 1 << 63 for d in shape)):
+                and all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape)):
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has an invalid shape {shape!r:.80}")
         if not (isinstance(offsets, list) and len(offsets) == 2
                 and all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)):

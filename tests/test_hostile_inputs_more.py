@@ -1,0 +1,108 @@
+"""Six more hostile inputs, each through the real CLI (`malicious_corpus.run_batch`: `ckptfix.cli.main` in a
+separate process): `inspect` and `repair` each give one line on stderr and exit 2, never a traceback,
+an internal error (exit 3), a hang or a MemoryError, and repair leaves nothing beside OUT.
+
+Inputs are built from real files: a real `dcp.save` folder of a small LM, `torch.save`, a safetensors
+header written by hand; then one field is made wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import warnings
+from pathlib import Path
+
+import malicious_corpus as mc
+import pytest
+import torch
+from ckpt_factory import new_run
+
+ROOT = Path(__file__).resolve().parents[1]
+TOK = ROOT / "fixtures" / "seed001" / "tokenizer.model"
+ERR = "ckptfix: error: "
+
+
+def _dcp(path: Path) -> Path:
+    import torch.distributed.checkpoint as dcp
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": new_run(vocab=64).model.state_dict(), "step": 1}, checkpoint_id=str(path))
+    return path
+
+
+def _both(path: Path, tmp_path: Path, timeout: float = 20) -> list[dict]:
+    """inspect and repair of `path`; each result's stderr is one line and its code is 2."""
+    jobs = [{"id": "inspect", "argv": ["inspect", str(path)]},
+            {"id": "repair", "argv": ["repair", str(path), "-t", str(TOK), "-o", str(tmp_path / "out")]}]
+    results = mc.run_batch(jobs, cwd=tmp_path, timeout=timeout)
+    for r in results.values():
+        assert r["code"] == 2, r
+        assert r["stderr"].startswith(ERR) and r["stderr"].count("\n") == 1, r
+        assert "Traceback" not in r["stderr"], r
+    assert not any("ckptfix-tmp" in name for name in os.listdir(tmp_path)), os.listdir(tmp_path)
+    assert not (tmp_path / "out").exists()
+    return [results["inspect"], results["repair"]]
+
+
+def test_dcp_tensor_properties_as_a_list(tmp_path):
+    """TensorProperties pickled with a list state (torch writes a tuple): one line, not AttributeError."""
+    from torch.distributed.checkpoint.metadata import TensorProperties
+
+    folder = _dcp(tmp_path / "dcp")
+    md = pickle.loads((folder / ".metadata").read_bytes())
+    orig = TensorProperties.__getstate__
+    TensorProperties.__getstate__ = lambda self: list(orig(self))  # type: ignore[method-assign]
+    try:
+        (folder / ".metadata").write_bytes(pickle.dumps(md))
+    finally:
+        TensorProperties.__getstate__ = orig  # type: ignore[method-assign]
+    for r in _both(folder, tmp_path):
+        assert "expected a tuple or dict of tensor properties, got a list" in r["stderr"], r
+
+
+@pytest.mark.parametrize("cls", ["TensorStorageMetadata", "ChunkStorageMetadata"])
+def test_dcp_dataclass_fields_as_a_list(tmp_path, cls):
+    """A DCP dataclass whose pickled fields are a list instead of a dict is refused, not read as empty."""
+    import torch.distributed.checkpoint.metadata as m
+
+    folder = _dcp(tmp_path / "dcp")
+    md = pickle.loads((folder / ".metadata").read_bytes())
+    klass = getattr(m, cls)
+    klass.__getstate__ = lambda self: list(vars(self).values())  # type: ignore[attr-defined]
+    try:
+        (folder / ".metadata").write_bytes(pickle.dumps(md))
+    finally:
+        del klass.__getstate__
+    for r in _both(folder, tmp_path):
+        assert f"{cls} fields: expected a dict, got a list" in r["stderr"], r
+
+
+@pytest.mark.parametrize("shape", [[0, 1 << 62], [1 << 62, 0]])
+def test_safetensors_empty_tensor_with_a_huge_dimension(tmp_path, shape):
+    header = json.dumps({"model.embed_tokens.weight": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]},
+                         "lm_head.weight": {"dtype": "F32", "shape": shape, "data_offsets": [0, 0]}}).encode()
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header)
+    for r in _both(path, tmp_path):
+        assert "has an invalid shape" in r["stderr"], r
+
+
+@pytest.mark.parametrize("shape", [(0, 1 << 62), (1 << 62, 0)])
+def test_torch_file_empty_tensor_with_a_huge_dimension(tmp_path, shape):
+    path = tmp_path / "ckpt.pth"
+    torch.save({"model": {"embed_tokens.weight": torch.empty(shape), "lm_head.weight": torch.empty(shape)}}, path)
+    for r in _both(path, tmp_path):
+        assert "tensor with a dimension over 2**48" in r["stderr"], r
+
+
+def test_dcp_size_with_a_huge_dimension(tmp_path):
+    folder = _dcp(tmp_path / "dcp")
+    md = pickle.loads((folder / ".metadata").read_bytes())
+    object.__setattr__(md.state_dict_metadata["model.text_embedding.weight"], "size", torch.Size([0, 1 << 62]))
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    for r in _both(folder, tmp_path):
+        assert "expected dimensions of at most 2**48" in r["stderr"], r
