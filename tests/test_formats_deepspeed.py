@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 
 import numpy as np
 import pytest
 import torch
+from procs import NO_SHM_BUILD, run
 
 from ckptfix.formats import deepspeed_folder, read_checkpoint
 from ckptfix.inspect import inspect
@@ -28,13 +28,12 @@ pytestmark = pytest.mark.deepspeed
 
 CONFIGS = {"s0": (0, False), "s2": (2, False), "s3": (3, False), "bf16": (1, True)}
 
-_SCRIPT = textwrap.dedent("""
+_SCRIPT = NO_SHM_BUILD + textwrap.dedent("""
     import os, sys
     import torch
-    import deepspeed, deepspeed.comm.torch
+    import deepspeed
     from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
     from torch import nn
-    deepspeed.comm.torch.build_shm_op = lambda: None  # no C++ JIT build for a one-process run
     out = sys.argv[1]
     for name, (stage, bf16) in {configs!r}.items():
         torch.manual_seed(0)
@@ -74,8 +73,7 @@ def ds_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("deepspeed")
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT.format(configs=CONFIGS), str(out)], env=env,
-                          capture_output=True, text=True, timeout=120)
+    proc = run([sys.executable, "-c", _SCRIPT.format(configs=CONFIGS), str(out)], env=env, timeout=300)
     if proc.returncode != 0:
         pytest.fail(f"deepspeed run failed:\n{proc.stderr[-3000:]}")
     return out
@@ -192,8 +190,7 @@ def test_the_hinted_conversion_runs_and_its_output_repairs(ds_dir, tmp_path):
     shutil.copytree(ds_dir / "bf16", src)
     message = deepspeed_folder.repair_unsupported(str(src))
     command = shlex.split(re.search(r"python -m (deepspeed\S+ .*?--inject_missing_state)", message).group(1))
-    subprocess.run([sys.executable, "-m", *command], check=True, capture_output=True,
-                   env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    run([sys.executable, "-m", *command], check=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
     universal = src / "global_step3_universal"
     assert f"ckptfix repair {universal}" in message
     tok = tmp_path / "tok.json"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import textwrap
 
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from deepspeed_lm import PRELUDE
+from procs import NO_SHM_BUILD, run_ranks
 
 from ckptfix.formats import read_checkpoint
 from ckptfix.inspect import inspect
@@ -27,13 +27,12 @@ pytest.importorskip("deepspeed")
 pytestmark = pytest.mark.deepspeed
 
 VOCAB = 48
-_SCRIPT = PRELUDE + textwrap.dedent("""
+_SCRIPT = PRELUDE + NO_SHM_BUILD + textwrap.dedent("""
     import os, sys
     import torch
-    import deepspeed, deepspeed.comm.torch
+    import deepspeed
     from torch import nn
     from deepspeed_lm import LM, config, full_view
-    deepspeed.comm.torch.build_shm_op = lambda: None  # no C++ JIT build (it only speeds up all-reduce)
     out, stage, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     torch.manual_seed(0)
     model = LM(vocab)
@@ -68,12 +67,11 @@ def run_zero(out, stage: int, world: int = 2) -> dict:
     """`world` ranks (one process each, gloo) train and save under ZeRO `stage`; DeepSpeed's own view back."""
     base = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
             "WORLD_SIZE": str(world), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", _SCRIPT, str(out), str(stage), str(VOCAB)],
-                              env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(world)]
-    errors = [p.communicate(timeout=240)[1] for p in procs]
-    if any(p.returncode for p in procs):
-        pytest.fail(f"deepspeed run failed:\n{errors[0][-3000:]}")
+    ranks = run_ranks([sys.executable, "-c", _SCRIPT, str(out), str(stage), str(VOCAB)],
+                      [{**base, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world)], timeout=240)
+    if any(rc for rc, _ in ranks):
+        pytest.fail("deepspeed run failed:\n" + "\n".join(f"rank {r} ({rc}): {err[-3000:]}" for r, (rc, err)
+                                                          in enumerate(ranks) if rc))
     return torch.load(f"{out}_truth.pt")
 
 

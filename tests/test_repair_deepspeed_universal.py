@@ -12,13 +12,13 @@ finite. The same for a ZeRO-3 run (flat per-parameter files, one model-states fi
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
 from deepspeed_lm import PRELUDE
+from procs import NO_SHM_BUILD, run, run_ranks
 from test_formats_deepspeed_ranks import VOCAB, _free_port, run_zero
 
 from ckptfix.cli import main
@@ -35,13 +35,12 @@ _CONVERT = textwrap.dedent("""
                             num_merge_workers=1, keep_temp_folder=False, strict=True, inject_missing_state=True))
 """)
 
-_RESUME = PRELUDE + textwrap.dedent("""
+_RESUME = PRELUDE + NO_SHM_BUILD + textwrap.dedent("""
     import os, sys
     import torch
-    import deepspeed, deepspeed.comm.torch
+    import deepspeed
     from torch import nn
     from deepspeed_lm import LM, config, full_view
-    deepspeed.comm.torch.build_shm_op = lambda: None  # no C++ JIT build
     load_dir, tag, stage, vocab, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
     torch.manual_seed(1)  # other initial values than the saved run: everything must come from the folder
     deepspeed.init_distributed(dist_backend="gloo")
@@ -71,11 +70,11 @@ _RESUME = PRELUDE + textwrap.dedent("""
 def _ranks(args: list[str], world: int) -> None:
     base = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
             "WORLD_SIZE": str(world), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", *args], env={**base, "RANK": str(r), "LOCAL_RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
-    errors = [p.communicate(timeout=300)[1] for p in procs]
-    if any(p.returncode for p in procs):
-        pytest.fail(f"deepspeed run failed:\n{errors[0][-3000:]}")
+    ranks = run_ranks([sys.executable, "-c", *args], [{**base, "RANK": str(r), "LOCAL_RANK": str(r)}
+                                                      for r in range(world)], timeout=300)
+    if any(rc for rc, _ in ranks):
+        pytest.fail("deepspeed run failed:\n" + "\n".join(f"rank {r} ({rc}): {err[-3000:]}" for r, (rc, err)
+                                                          in enumerate(ranks) if rc))
 
 
 def _tokenizer(path, words: list[str]):
@@ -95,8 +94,8 @@ def universal(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"dsu{stage}")
     truth = run_zero(root / "run", stage)
     folder = root / "global_step3_universal"
-    subprocess.run([sys.executable, "-c", _CONVERT, str(root / "run" / "global_step3"), str(folder)], check=True,
-                   capture_output=True, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    run([sys.executable, "-c", _CONVERT, str(root / "run" / "global_step3"), str(folder)], check=True, timeout=300,
+        env={**os.environ, "DS_ACCELERATOR": "cpu"})
     return root, folder, truth, stage
 
 

@@ -20,6 +20,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from procs import NO_SHM_BUILD, run
 from torch import nn
 
 import ckptfix
@@ -292,10 +293,9 @@ def test_omegaconf_config_in_a_checkpoint(tmp_path):
 
 # --- DeepSpeed: LossScaler in a ZeRO optimizer state -----------------------------------------------
 
-_DS = textwrap.dedent("""
-    import os, sys, torch, deepspeed, deepspeed.comm.torch
+_DS = NO_SHM_BUILD + textwrap.dedent("""
+    import os, sys, torch, deepspeed
     from torch import nn
-    deepspeed.comm.torch.build_shm_op = lambda: None  # no C++ JIT build for a one-process run
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
     cfg = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": 2},
@@ -313,8 +313,7 @@ def test_deepspeed_loss_scaler(tmp_path):
     pytest.importorskip("deepspeed")
     env = {**ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000), "RANK": "0",
            "LOCAL_RANK": "0", "WORLD_SIZE": "1", "DS_ACCELERATOR": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", _DS, str(tmp_path / "ds")], env=env, capture_output=True,
-                          text=True, timeout=300)
+    proc = run([sys.executable, "-c", _DS, str(tmp_path / "ds")], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     src = tmp_path / "ds" / "step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
     report, out = roundtrip(src, tmp_path / "optim_states.pt",
