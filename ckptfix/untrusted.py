@@ -275,14 +275,18 @@ def want_list(value: Any, origin: str, field: str, *, max_len: int = 1 << 24) ->
 def check_plain_tree(value: Any, origin: str, field: str, *, max_nodes: int = 1 << 20) -> Any:
     """A JSON-like record (dicts with str keys, lists, str/int/float/bool/None) that is a tree: no
     container shared or nested in itself (a memo-shared DAG would expand exponentially when written
-    as JSON), at most `max_nodes` nodes. Walked with an explicit stack."""
+    as JSON), at most `max_nodes` nodes, nested at most MAX_JSON_DEPTH deep (json.dumps and the renderers
+    recurse). Walked with an explicit stack."""
     seen: set[int] = set()
-    stack, nodes = [value], 0
+    stack, nodes = [(value, 0)], 0
     while stack:
-        node = stack.pop()
+        node, depth = stack.pop()
         nodes += 1
         if nodes > max_nodes:
             raise fail(origin, field, f"a record of at most {max_nodes:,} values", value)
+        if depth > MAX_JSON_DEPTH:
+            raise CorruptInput(f"{escape(origin)}: {escape(field, MAX_TEXT)}: expected a record nested at most "
+                               f"{MAX_JSON_DEPTH} deep, got one nested deeper")
         if node is None or isinstance(node, (bool, str, float)):
             continue
         if isinstance(node, int):
@@ -297,9 +301,9 @@ def check_plain_tree(value: Any, origin: str, field: str, *, max_nodes: int = 1 
         if isinstance(node, dict):
             if not all(isinstance(k, str) for k in node):
                 raise fail(origin, field, "string keys", next(k for k in node if not isinstance(k, str)))
-            stack.extend(node.values())
+            stack.extend((v, depth + 1) for v in node.values())
         else:
-            stack.extend(node)
+            stack.extend((v, depth + 1) for v in node)
     return value
 
 

@@ -106,3 +106,34 @@ def test_dcp_size_with_a_huge_dimension(tmp_path):
     (folder / ".metadata").write_bytes(pickle.dumps(md))
     for r in _both(folder, tmp_path):
         assert "expected dimensions of at most 2**48" in r["stderr"], r
+
+
+def _nested(depth: int) -> list:
+    x: list = []
+    for _ in range(depth):
+        x = [x]
+    return x
+
+
+def test_deep_list_in_the_ckptfix_record(tmp_path):
+    """A record (the "ckptfix" key of a torch.save dict) holding a list 300 deep: was RecursionError (exit 3)
+    under inspect --json; the record is refused in one line by every command."""
+    path = tmp_path / "ckpt.pth"
+    torch.save({"model": new_run(vocab=64).model.state_dict(),
+                "ckptfix": {"schema": "ckptfix.repair/1", "notes": _nested(300)}}, path)
+    for r in _both(path, tmp_path):
+        assert r["stderr"] == f"{ERR}{path}: ckptfix record: expected a record nested at most 200 deep, got one " \
+                              "nested deeper\n", r
+    r = mc.run_batch([{"id": 0, "argv": ["inspect", "--json", str(path)]}], cwd=tmp_path)[0]
+    assert r["code"] == 2 and r["stderr"].count("\n") == 1, r
+
+
+def test_deep_list_in_a_ckptfix_json_sidecar(tmp_path):
+    from safetensors.torch import save_file
+
+    path = tmp_path / "model.safetensors"
+    save_file({k: v.contiguous() for k, v in new_run(vocab=64).model.state_dict().items()}, str(path))
+    sidecar = tmp_path / "model.safetensors.ckptfix.json"
+    sidecar.write_text('{"schema": "ckptfix.repair/1", "notes": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    for r in _both(path, tmp_path):
+        assert "(nested 201 deep; at most 200)" in r["stderr"], r
