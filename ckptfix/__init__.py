@@ -6,6 +6,7 @@ The public verbs::
     ckptfix.repair(path, tokenizer, out, policy="remap", ...) -> RepairResult
     ckptfix.diff(a, b, atol=0.0)                              -> DiffReport
     ckptfix.convert(path, out)                                -> ConvertResult (loads with weights_only=True)
+    ckptfix.latest_checkpoint(run_dir, scan=False)            -> Latest (the newest whole checkpoint of a run)
     ckptfix.ResumeGuard(model, optimizer, ..., policy="strict")
     ckptfix.check_training_setup(model, optimizer, scaler)    -> list[Problem]
     ckptfix.read_checkpoint(path)                             -> Checkpoint
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
     from ckptfix.guard import check_training_setup as check_training_setup
     from ckptfix.inspect import Report as Report
     from ckptfix.inspect import inspect as inspect
+    from ckptfix.latest import Latest as Latest
+    from ckptfix.latest import latest_checkpoint as latest_checkpoint
     from ckptfix.surgery import RepairResult as RepairResult
     from ckptfix.surgery import repair as repair
     from ckptfix.tokenizers import TokenizerInfo as TokenizerInfo
@@ -53,6 +56,8 @@ _LAZY = {
     "DiffReport": "ckptfix.compare",
     "convert": "ckptfix.weights_only",
     "ConvertResult": "ckptfix.weights_only",
+    "latest_checkpoint": "ckptfix.latest",
+    "Latest": "ckptfix.latest",
     "ResumeGuard": "ckptfix.guard",
     "ResumeError": "ckptfix.guard",
     "check_training_setup": "ckptfix.guard",

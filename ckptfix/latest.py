@@ -118,6 +118,8 @@ def check_candidate(cand: Candidate, *, scan: bool = False) -> None:
          "megatron": _check_megatron, "deepspeed": _check_deepspeed}[cand.kind](cand, scan)
     except CkptfixError as exc:
         cand.reasons.append(_one_line(str(exc)))
+    except OSError as exc:  # a folder that cannot be listed, a file gone while being read
+        cand.reasons.append(_one_line(f"cannot read {exc.filename or cand.path} ({exc.strerror})"))
 
 
 # -- one file --------------------------------------------------------------------------------------------------
@@ -142,17 +144,29 @@ def file_reason(path: str, what: str, *, scan: bool = False) -> str | None:
             _check_torch_file(path, scan)
     except CkptfixError as exc:
         return f"{what}: {_one_line(str(exc))}"
+    except OSError as exc:  # unreadable (permissions), vanished while being read
+        return f"{what}: cannot read ({exc.strerror})"
     return None
 
 
-def _check_json(path: str) -> None:
+MAX_JSON = 64 << 20  # trainer_state.json, an index: far smaller; refuse to read more
+
+
+def _read_json(path: str) -> object:
     try:
         with open(path, "rb") as f:
-            json.loads(f.read(64 << 20).decode("utf-8"))
+            data = f.read(MAX_JSON + 1)
+        if len(data) > MAX_JSON:
+            raise UnreadableCheckpoint(f"{path}: larger than {MAX_JSON:,} bytes; refusing to read it")
+        return json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise UnreadableCheckpoint(f"{path}: not valid JSON ({type(exc).__name__}: {exc}); truncated?") from None
     except OSError as exc:
         raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _check_json(path: str) -> None:
+    _read_json(path)
 
 
 def _check_torch_file(path: str, scan: bool) -> None:
@@ -233,8 +247,7 @@ def _check_index(cand: Candidate, index_path: str, index: str, scan: bool) -> No
     if reason := file_reason(index_path, index):
         cand.reasons.append(reason)
         return
-    with open(index_path, "rb") as f:
-        data = json.loads(f.read().decode("utf-8"))
+    data = _read_json(index_path)
     weight_map = data.get("weight_map") if isinstance(data, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         cand.reasons.append(f"{index}: no weight_map of file names")

@@ -221,3 +221,38 @@ def test_deepspeed_global_steps(tmp_path, capsys):
     os.remove(tmp_path / "global_step4" / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
     code, out, err = run_cli(["latest", str(tmp_path)], capsys)
     assert code == 0 and out == f"{tmp_path / 'global_step2'}\n" and "no *optim_states.pt" in err
+
+
+def test_torn_trainer_state_json_is_skipped(trainer_run, tmp_path, capsys):
+    run = _run_with_newest(trainer_run, tmp_path, os.listdir(trainer_run / "checkpoint-6"))
+    state = run / "checkpoint-6" / "trainer_state.json"
+    state.write_bytes(state.read_bytes()[:50])
+    code, out, err = run_cli(["latest", str(run)], capsys)
+    assert code == 0 and out == f"{run / 'checkpoint-4'}\n" and "trainer_state.json:" in err and "JSON" in err
+
+
+def test_the_trainer_resumes_from_what_latest_names(trainer_run, tmp_path):
+    """The point of it all: `resume_from_checkpoint=$(ckptfix latest out)` after a crash mid-save."""
+    from test_repair_hf import dataset
+
+    run = _run_with_newest(trainer_run, tmp_path, _model_files(trainer_run) + SAVE_ORDER[:2])
+    path = latest_checkpoint(run).path
+    assert path == str(run / "checkpoint-4")
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=100, n_positions=32,
+                                  bos_token_id=0, eos_token_id=0)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "again"), max_steps=6, save_steps=2, report_to=[], use_cpu=True,
+        per_device_train_batch_size=4, learning_rate=1e-3, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    trainer = transformers.Trainer(model=transformers.GPT2LMHeadModel(cfg), args=args,
+                                   train_dataset=dataset(100, 24, 0))
+    trainer.train(resume_from_checkpoint=path)
+    assert trainer.state.global_step == 6
+
+
+def test_the_python_api(trainer_run):
+    import ckptfix
+
+    result = ckptfix.latest_checkpoint(trainer_run)
+    assert isinstance(result, ckptfix.Latest) and result.path == str(trainer_run / "checkpoint-6")
+    assert [c.kind for c in result.checked] == ["hf-trainer"] and result.chosen is result.checked[0]
+    assert callable(ckptfix.latest_checkpoint) and "latest_checkpoint" in ckptfix.__all__
