@@ -24,6 +24,7 @@ import io
 import math
 import os
 import socket
+import time
 import warnings
 from pathlib import Path
 
@@ -34,6 +35,7 @@ import torch.distributed.checkpoint
 import torch.distributed.fsdp
 import torch.multiprocessing as mp
 from ckpt_factory import TinyLM, lm_loss, make_batches, warmup_lambda
+from procs import kill_processes
 
 LR, WARMUP = 3e-3, 10
 
@@ -44,10 +46,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(fn, world: int, *args) -> None:
+def _spawn(fn, world: int, *args, timeout: float = 300) -> None:
     port = _free_port()
     # fork: the children start with torch already imported (spawn re-imports it: seconds per rank)
-    mp.start_processes(_entry, args=(world, port, fn, args), nprocs=world, join=True, start_method="fork")
+    context = mp.start_processes(_entry, args=(world, port, fn, args), nprocs=world, join=False, start_method="fork")
+    deadline = time.monotonic() + timeout
+    try:  # join raises at a rank's failure (killing its peers); past the deadline, the finally kills every rank
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world} FSDP ranks still running after {timeout} s")
+    finally:
+        kill_processes(context.processes)
 
 
 def _entry(rank: int, world: int, port: int, fn, args) -> None:
