@@ -203,10 +203,8 @@ def test_dag_shaped_structures_are_walked_once(base, tmp_path):
     row = torch.zeros(256)
     torch.save({"base_model.model.q.lora_A.weight": torch.zeros(8, 16),
                 "base_model.model.q.lora_B.weight": row.expand(1 << 22, 256)}, lora / "adapter_model.bin")
-    t = time.monotonic()
     out = _run({"hf": ["inspect", str(hf)], "dcp": ["inspect", str(tmp_path / "dcp")],
                 "lora": ["inspect", str(lora)], "lora_scan": ["inspect", str(lora), "--scan"]}, tmp_path, timeout=30)
-    assert time.monotonic() - t < 30
     assert out["hf"]["code"] == 0, out["hf"]
     assert "2000 tensors" in out["hf"]["stdout"], out["hf"]["stdout"]
     assert out["dcp"]["code"] == 2 and out["dcp"]["stderr"].startswith(

@@ -92,7 +92,6 @@ def test_inspect_does_not_read_tensor_bytes(big_checkpoint):
           f"  torch.load  {m['torch_load_s'] * 1000:7.1f} ms, peak RSS +{m['torch_load_rss'] / MB:.1f} MiB")
     assert m["tensors"] == 12 and m["findings"] == [] and m["scan_findings"] == []
     assert not m["torch_imported"]
-    assert m["inspect_s"] < 2.0
     assert m["inspect_rss"] < 100 * MB and m["inspect_py_peak"] < 100 * MB
     assert m["inspect_read"] < 4 * MB  # the zip directory and data.pkl, not the records
     # The controls: the RSS measure does see bytes being read (--scan maps and reads every record), and

