@@ -826,14 +826,14 @@ def test_lightning_model_parallel_checkpoint_repairs_and_resumes(tmp_path):
 
 def _run_factory(script: str, *args: str) -> dict:
     import os
-    import subprocess
     import sys
     from pathlib import Path
 
+    from procs import run
+
     here = Path(__file__).parent
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here.parent), os.environ.get("PYTHONPATH", "")])}
-    proc = subprocess.run([sys.executable, str(here / script), *args], capture_output=True, text=True, env=env,
-                          timeout=300)
+    proc = run([sys.executable, str(here / script), *args], env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
