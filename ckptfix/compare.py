@@ -249,13 +249,20 @@ def checkpoint_step(ckpt: Checkpoint) -> float | None:
         if steps:
             return max(steps)
     for key in STEP_KEYS:
-        value = ckpt.extras.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
+        step = _step_float(ckpt.extras.get(key))
+        if step is not None:
+            return step
     state = ckpt.extras.get("trainer_state")
-    if isinstance(state, dict) and isinstance(state.get("global_step"), (int, float)):
-        return float(state["global_step"])
-    return None
+    return _step_float(state.get("global_step")) if isinstance(state, dict) else None
+
+
+def _step_float(value: object) -> float | None:
+    """A saved step counter as a float; None for a non-number or one out of float range (a 400-digit int)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value.bit_length() > 63:
+        return None
+    return float(value) if math.isfinite(value) else None
 
 
 def _notes(report: DiffReport, ca: Checkpoint, cb: Checkpoint) -> list[str]:

@@ -137,3 +137,29 @@ def test_deep_list_in_a_ckptfix_json_sidecar(tmp_path):
     sidecar.write_text('{"schema": "ckptfix.repair/1", "notes": ' + "[" * 100_000 + "]" * 100_000 + "}")
     for r in _both(path, tmp_path):
         assert "(nested 201 deep; at most 200)" in r["stderr"], r
+
+
+@pytest.mark.parametrize("field", ["global_step", "max_steps"])
+def test_trainer_state_with_a_400_digit_integer(tmp_path, field):
+    """trainer_state.json's counter as a 400-digit integer (JSON allows it; ckptfix's parser takes up to 400
+    digits): `diff` raised OverflowError (exit 3). A step out of float range is not used; nothing crashes."""
+    from safetensors.torch import save_file
+
+    folders = []
+    for name in ("a", "b"):
+        folder = tmp_path / name
+        folder.mkdir()
+        save_file({k: v.contiguous() for k, v in new_run(vocab=64).model.state_dict().items()},
+                  str(folder / "model.safetensors"))
+        state = {"global_step": 3, "max_steps": 10, "log_history": [{"diff": 1}]}
+        text = json.dumps(state).replace(f'"{field}": {state[field]}', f'"{field}": {"9" * 400}')
+        (folder / "trainer_state.json").write_text(text.replace('"diff": 1', '"diff": ' + "9" * 400))
+        folders.append(str(folder))
+    jobs = [{"id": "inspect", "argv": ["inspect", folders[0]]},
+            {"id": "json", "argv": ["inspect", "--json", folders[0]]},
+            {"id": "diff", "argv": ["diff", *folders]},
+            {"id": "repair", "argv": ["repair", folders[0], "-t", str(TOK), "-o", str(tmp_path / "out")]}]
+    results = mc.run_batch(jobs, cwd=tmp_path)
+    for r in results.values():
+        assert r["code"] in (0, 1) and "Traceback" not in r["stderr"] and "internal error" not in r["stderr"], r
+    assert not any("ckptfix-tmp" in name for name in os.listdir(tmp_path))
