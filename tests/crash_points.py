@@ -69,9 +69,10 @@ def kill_points(args: list[str], folder: Path, log: Path) -> list[KillPoint]:
     return points
 
 
-def run_killed(args: list[str], point: KillPoint) -> subprocess.CompletedProcess:
+def run_killed(args: list[str], point: KillPoint, fault: str = "signal=KILL") -> subprocess.CompletedProcess:
+    """The run killed at `point` (or given `fault` there instead: `error=EIO`, `error=ENOSPC`)."""
     return subprocess.run(["strace", "-f", "-qq", "-o", "/dev/null", "-e", f"trace={point.call}", "-e",
-                           f"inject={point.call}:signal=KILL:when={point.when}", sys.executable, "-m", "ckptfix",
+                           f"inject={point.call}:{fault}:when={point.when}", sys.executable, "-m", "ckptfix",
                            *args], env=env(), capture_output=True, text=True, timeout=TIMEOUT,
                           stdin=subprocess.DEVNULL)
 

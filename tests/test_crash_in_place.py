@@ -129,11 +129,16 @@ def _kill_restore(case, point: KillPoint, n: int) -> None:
     assert snapshot(killed) == original, f"{point}: restore run again did not give the original back"
 
 
+_TRACED: dict = {}
+
+
 def _points(case, args_for, name, most):
     root = case[0]
     probe = root / f"probe-{name}"
-    shutil.copytree(case[1] if name == "repair" else case[4], probe)
-    points = kill_points(args_for(probe), probe, root / f"{name}.strace")
+    if (root, name) not in _TRACED:
+        shutil.copytree(case[1] if name == "repair" else case[4], probe)
+        _TRACED[root, name] = kill_points(args_for(probe), probe, root / f"{name}.strace")
+    points = _TRACED[root, name]
     assert points, "the clean traced run made no call in the folder"
     # the same call numbers hold for any copy: the run's calls do not depend on the folder's name
     return points if most is None else spread(points, most)
@@ -157,3 +162,36 @@ def test_restore_killed_at_each_point(case, most):
     for n, point in enumerate(points):
         _kill_restore(case, point, n)
     print(f"\nrestore ({case[1].name}): {len(points)} kill points, each finished by running it again")
+
+
+def _fail_repair(case, point: KillPoint, n: int, fault: str) -> None:
+    """A failed call (EIO, ENOSPC) at `point`: one line and exit 2, or the repair done (a failure it may
+    ride out, e.g. of a temp's removal); the folder as it was or, where the line says so, restorable; a rerun
+    equal to the clean run."""
+    root, folder, tok, original, repaired = case
+    args = ["repair", "-t", str(tok), "--in-place", "--keep-ids"]
+    failed = root / f"failed-{fault}-{n}"
+    shutil.copytree(folder, failed)
+    proc = run_killed([args[0], str(failed), *args[1:]], point, f"error={fault}")
+    assert proc.returncode in (0, 2), f"{point} {fault}: exit {proc.returncode}: {proc.stderr[-1500:]}"
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) <= 1, proc.stderr[-1500:]
+    if proc.returncode == 2:
+        if "ckptfix restore" in proc.stderr:
+            ckptfix("restore", str(failed), check=True)
+        assert snapshot(failed) == original, f"{point} {fault}: the folder was not put back: {proc.stderr}"
+    rerun = ckptfix(args[0], str(failed), *args[1:])
+    if proc.returncode == 2:
+        assert rerun.returncode == 0, f"{point} {fault}: rerun exit {rerun.returncode}: {rerun.stderr[-800:]}"
+    assert without_ours(snapshot(failed)) == without_ours(snapshot(repaired)) or proc.returncode == 0, point
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["EIO", "ENOSPC"])
+@pytest.mark.parametrize("most", [pytest.param(3, id="slice"), pytest.param(None, id="every", marks=pytest.mark.long)])
+def test_in_place_repair_failing_at_each_point(case, most, fault):
+    tok = case[2]
+    points = _points(case, lambda f: ["repair", str(f), "-t", str(tok), "--in-place", "--keep-ids"], "repair", most)
+    for n, point in enumerate(points):
+        _fail_repair(case, point, n, fault)
+    print(f"\nrepair --in-place ({case[1].name}): {fault} at {len(points)} points, each one line and the folder "
+          "put back")

@@ -124,8 +124,17 @@ class InPlace:
         return self
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
-        if kind is not None:  # an error or Ctrl-C before the switch: everything back as it was
+        if kind is None:
+            return
+        try:  # an error or Ctrl-C before the switch: everything back as it was
             self.abandon()
+        except OSError as failed:  # the disk refuses the undo too: the list still says what to do
+            raise RepairError(f"{escape(self.folder)}: in-place repair failed ({_reason(exc)}), and putting the "
+                              f"folder back failed too ({_reason(failed)}); run `ckptfix restore {escape(self.folder)}` "
+                              "once the disk takes writes again") from None
+        if isinstance(exc, OSError):
+            raise RepairError(f"{escape(self.folder)}: in-place repair failed ({_reason(exc)}); the folder was put "
+                              "back as it was") from None
 
     def switch_over(self, write: Callable[[str], None]) -> None:
         """The switch file (`write(path)` replaces it atomically): the one step that switches the checkpoint;
@@ -229,6 +238,14 @@ def restore(folder: str) -> list[str]:
 
         if is_url(folder):
             return _restore_in_object_store(folder)
+    try:
+        return _restore_folder(folder)
+    except OSError as exc:  # a read-only or failing disk: every step can be run again
+        raise RepairError(f"{escape(folder)}: restore stopped ({_reason(exc)}); nothing is lost: run "
+                          "`ckptfix restore` again once the disk takes writes") from None
+
+
+def _restore_folder(folder: str) -> list[str]:
     swept = _sweep_temporaries(folder)
     if swept and not os.path.lexists(os.path.join(folder, RESTORE_FILE)):
         return swept  # a run killed while it wrote its first restore list: nothing else was touched
@@ -242,6 +259,12 @@ def restore(folder: str) -> list[str]:
                               f"{escape(', '.join(needed))}, which the restored {escape(switch)} references; "
                               "nothing restored")
     return swept + _undo(folder, switch, backups, added)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror + (f": {escape(os.path.basename(exc.filename))}" if exc.filename else "")
+    return escape(str(exc), 200) or type(exc).__name__
 
 
 def _sweep_temporaries(folder: str) -> list[str]:

@@ -298,7 +298,11 @@ def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None,
         single = {"no_dist": True} if "no_dist" in inspect.signature(dcp.save).parameters else {}
         with warnings.catch_warnings():  # "torch.distributed is disabled ... assuming a single process"
             warnings.simplefilter("ignore")
-            dcp.save(tree, checkpoint_id=scratch, **single)
+            try:
+                dcp.save(tree, checkpoint_id=scratch, **single)
+            except Exception as exc:  # noqa: BLE001 - dcp.save wraps the disk's error (CheckpointException)
+                raise RepairError(f"{folder}: writing the changed tensors failed ({_save_failure(exc)}); "
+                                  "nothing was written") from None
         files = [f for f in os.listdir(scratch) if f.endswith(".distcp")]
         if files != ["__0_0.distcp"]:
             raise RepairError(f"dcp.save wrote {files}, expected one data file; nothing written")
@@ -394,6 +398,17 @@ def _meta_bytes(plan: RepairPlan, rng: np.random.Generator) -> bytes | None:
     buf = io.BytesIO()
     rewrite_torch_file(meta, buf, plan, rng, lambda tree, table: apply(tree, changes))
     return buf.getvalue()
+
+
+def _save_failure(exc: BaseException) -> str:
+    """The disk's own error inside dcp.save's CheckpointException (its `failures`: rank -> exception)."""
+    failures = getattr(exc, "failures", None)
+    inner = next(iter(failures.values()), exc) if isinstance(failures, dict) and failures else exc
+    while isinstance(inner, BaseException) and not isinstance(inner, OSError) and inner.__cause__ is not None:
+        inner = inner.__cause__
+    if isinstance(inner, OSError) and inner.strerror:
+        return inner.strerror
+    return f"{type(inner).__name__}: {str(inner).splitlines()[0][:200] if str(inner) else ''}"
 
 
 def _bytes_writer(data: bytes) -> Callable[[BinaryIO], None]:
