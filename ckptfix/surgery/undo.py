@@ -138,7 +138,14 @@ class InPlace:
 
     def switch_over(self, write: Callable[[str], None]) -> None:
         """The switch file (`write(path)` replaces it atomically): the one step that switches the checkpoint;
-        then the list marked complete and the scratch folder removed."""
+        then the list marked complete and the scratch folder removed. Every added file is on disk before the
+        switch names it (a power loss after the switch never leaves a switch file pointing at lost data)."""
+        for name in self.added:
+            path = self.path(name)
+            if os.path.isfile(path) and not os.path.islink(path):
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+        fsync_dir(self.folder)
         write(self.path(self.switch))
         fsync_dir(self.folder)
         self._log(complete=True)
