@@ -255,7 +255,7 @@ def test_hf_trainer_checkpoint(trainer_checkpoint):
         "weight_decay": 0.01, "fp16": False, "bf16": False, "max_grad_norm": 1.0, "seed": 7} | (
         {"optim": data["extras"]["training_args"]["optim"]} if "optim" in data["extras"]["training_args"] else {})
     assert "training_args.bin is a pickled class: read statically, never unpickled" in data["notes"]
-    assert "1 rng_state file(s) left unread (RNG state only, not needed to inspect)" in data["notes"]
+    assert "1 rng_state file(s) read as data (RNG state only)" in data["notes"]
     assert [f["code"] for f in data["findings"]] == ["CKF204"]
 
 

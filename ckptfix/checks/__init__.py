@@ -23,6 +23,7 @@ import ckptfix.checks.numerics  # noqa: F401
 import ckptfix.checks.optimizer  # noqa: F401
 import ckptfix.checks.recorded  # noqa: F401
 import ckptfix.checks.reserved  # noqa: F401
+import ckptfix.checks.resume  # noqa: F401
 import ckptfix.checks.scaler  # noqa: F401
 import ckptfix.checks.schedule  # noqa: F401
 import ckptfix.checks.sharded  # noqa: F401

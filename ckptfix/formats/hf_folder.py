@@ -3,13 +3,14 @@
 Weights come from `model.safetensors`, `pytorch_model.bin` or their sharded `*.index.json`;
 optimizer/scheduler/scaler from `optimizer.pt`/`scheduler.pt`/`scaler.pt`. `training_args.bin` is a
 pickled `TrainingArguments` class: it is never unpickled, only read statically (opaque mode, no
-import) for a few hyperparameters. `rng_state*.pth` is left unread.
+import) for a few hyperparameters. `rng_state*.pth` is read as data only to tell a torn file; what a Trainer
+folder lacks for a resume is recorded in `extras["trainer_files"]` (strings only) for `checks/resume.py`.
 """
 
 from __future__ import annotations
 
-import glob
 import os
+import re
 from typing import Any
 
 from ckptfix.checkpoint import Checkpoint, TensorInfo, join_split_tables
@@ -72,6 +73,8 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     if config is not None:
         ckpt.extras["config"] = config
     _read_training_state(path, ckpt, trust_pickle)
+    if kind == "hf-trainer":
+        ckpt.extras["trainer_files"] = trainer_files(path, ckpt)
     if not ckpt.model and ckpt.optimizer is None:
         raise UnreadableCheckpoint(f"{path}: no weight file (model.safetensors, pytorch_model.bin or an index) in the folder")
     return ckpt
@@ -152,16 +155,48 @@ def _read_training_state(path: str, ckpt: Checkpoint, trust_pickle: bool) -> Non
                 setattr(ckpt, part, dict(tree))
                 ckpt.sections[part] = name
                 ckpt.files[part] = file
-    state = _json(path, "trainer_state.json")
+    try:
+        state = _json(path, "trainer_state.json")
+    except CkptfixError as exc:  # torn by a crash mid-write: a finding (CKF311), not a refusal
+        state = None
+        ckpt.notes.append(f"trainer_state.json unreadable: {exc}")
     if state is not None:
         ckpt.extras["trainer_state"] = state
     args = os.path.join(path, "training_args.bin")
     if os.path.exists(args):
         ckpt.extras["training_args"] = _training_args(args)
         ckpt.notes.append("training_args.bin is a pickled class: read statically, never unpickled")
-    rng = sorted(glob.glob(os.path.join(path, "rng_state*.pth")))
+
+
+RNG_FILE = re.compile(r"rng_state(_\d+)?\.pth")
+
+
+def trainer_files(path: str, ckpt: Checkpoint) -> dict[str, Any]:
+    """What `Trainer.train(resume_from_checkpoint=path)` needs and this folder lacks, as strings only (extras
+    are searched for recorded integers): `missing` file names, `torn` {name: why}, `rng` the RNG files,
+    `optimizer_elsewhere` where a DeepSpeed/FSDP/accelerate save keeps the optimizer instead of optimizer.pt,
+    `save_only_model` "yes" when training_args.bin records it (the Trainer then saves no optimizer on purpose)."""
+    names = set(os.listdir(path))
+    missing = [n for n in ("optimizer.pt", "scheduler.pt", "trainer_state.json") if n not in names]
+    torn: dict[str, str] = {}
+    if "trainer_state.json" in names and "trainer_state" not in ckpt.extras:
+        note = next((n for n in ckpt.notes if n.startswith("trainer_state.json unreadable: ")), "")
+        torn["trainer_state.json"] = note.split(": ", 1)[-1] or "not readable JSON"
+    # transformers' Trainer._load_optimizer_and_scheduler also counts optimizer.bin or a sub-folder named like
+    # "optimizer" (FSDP/accelerate) as the optimizer; DeepSpeed keeps both in its global_stepN/ folder
+    elsewhere = sorted(n for n in names if n == "optimizer.bin" or (
+        os.path.isdir(os.path.join(path, n)) and ("optimizer" in n or re.fullmatch(r"global_step\d+", n))))
+    rng = sorted(n for n in names if RNG_FILE.fullmatch(n))
+    for name in rng:
+        try:
+            torch_file.load(os.path.join(path, name))  # data only, the allowlist: never torch.load
+        except CkptfixError as exc:
+            torn[name] = str(exc).replace(os.path.join(path, name) + ": ", "")
     if rng:
-        ckpt.notes.append(f"{len(rng)} rng_state file(s) left unread (RNG state only, not needed to inspect)")
+        ckpt.notes.append(f"{len(rng)} rng_state file(s) read as data (RNG state only)")
+    only_model = "yes" if _training_arg(os.path.join(path, "training_args.bin"), "save_only_model") is True else ""
+    return {"missing": missing, "torn": torn, "rng": rng, "optimizer_elsewhere": elsewhere,
+            "save_only_model": only_model}
 
 
 # torchtune keeps the optimizer apart from the model folder (<output_dir>/epoch_N/): in
@@ -205,6 +240,18 @@ def _training_args(file: str) -> dict[str, Any]:
     out = {"class": tree.cls}
     out.update({k: state[k] for k in TRAINING_ARG_FIELDS if isinstance(state.get(k), (int, float, str, bool))})
     return out
+
+
+def _training_arg(file: str, name: str) -> Any:
+    """One field of a pickled TrainingArguments (read statically, as `_training_args`), or None."""
+    if not os.path.isfile(file):
+        return None
+    try:
+        tree, _, _ = torch_file.load(file, opaque=True)
+    except CkptfixError:
+        return None
+    state = tree.state if isinstance(tree, OpaqueObject) else None
+    return state.get(name) if isinstance(state, dict) else None
 
 
 def _json(folder: str, name: str) -> Any:
