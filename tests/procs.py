@@ -47,15 +47,25 @@ def kill_processes(processes) -> None:
 def run(argv: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None, check: bool = False,
         **kwargs) -> subprocess.CompletedProcess:
     """`subprocess.run(argv, capture_output=True, text=True, ...)`, with the child's whole group killed on
-    any outcome (subprocess.run kills only the child itself on timeout, not its children)."""
-    kwargs.setdefault("text", True)
-    proc = subprocess.Popen(list(argv), env=None if env is None else dict(env), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, **kwargs)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        kill_group(proc)
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    any outcome (subprocess.run kills only the child itself on timeout, not its children). Output goes to
+    temporary files, not pipes: a grandchild left holding a pipe would keep a reader waiting after the child
+    ended. On timeout, subprocess.TimeoutExpired (with the output so far) is raised after the kill."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(list(argv), env=None if env is None else dict(env), stdout=out, stderr=err,
+                                text=True, start_new_session=True, **kwargs)
+        expired = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            expired = True
+        finally:
+            kill_group(proc)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read(), err.read()
+    if expired:
+        raise subprocess.TimeoutExpired(list(argv), timeout, output=stdout, stderr=stderr)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if check:
         done.check_returncode()
     return done
