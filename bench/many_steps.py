@@ -6,7 +6,7 @@ Writes one torch.save file per size (a tiny model's weights and an optimizer sta
 with step float(i)), times `python -m ckptfix inspect FILE` (a fresh interpreter, whole process, median of
 `--repeats`) and prints seconds per size and the ratio of successive sizes' net times (about 2 for a linear
 inspect when the sizes double; the bare interpreter's start-up, `python -m ckptfix --version`, is subtracted).
-This is the timing `tests/test_hostile_inputs.py::test_many_distinct_steps_are_fast` asserted; the tests keep
+This is the timing `tests/test_hostile_inputs.py::test_many_distinct_steps` once asserted; the tests keep
 correctness only (timings on a shared 2-core CI machine are noise).
 """
 

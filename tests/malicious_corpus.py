@@ -667,6 +667,8 @@ def generate(outdir: str | os.PathLike, sentinel: str | os.PathLike | None = Non
     st_bytes = st.read_bytes()
     optim = io.BytesIO()
     torch.save({"state": {}, "param_groups": [{"params": [0, 1], "lr": 1e-3}]}, optim)
+    sched = _torch_save_bytes({"base_lrs": [1e-3], "last_epoch": 2, "_step_count": 3, "_last_lr": [1e-3]})
+    rng = _torch_save_bytes({"python": random.getstate(), "cpu": torch.random.get_rng_state()})
 
     def folder(label: str, files: dict[str, bytes | str | None], expect: str, match: str = "", **kw) -> Path:
         root = _mkdir(hf / label)
@@ -687,8 +689,10 @@ def generate(outdir: str | os.PathLike, sentinel: str | os.PathLike | None = Non
 
     state = json.dumps({"global_step": 2, "log_history": []})
     folder("good_model", {"model.safetensors": st_bytes, "config.json": "{}"}, "clean")
-    folder("good_trainer", {"model.safetensors": st_bytes, "optimizer.pt": optim.getvalue(), "trainer_state.json": state},
-           "clean")
+    # what Trainer._save_checkpoint writes and its resume loads (no finding); without them: CKF310/CKF312
+    trainer = {"model.safetensors": st_bytes, "optimizer.pt": optim.getvalue(), "scheduler.pt": sched,
+               "rng_state.pth": rng, "trainer_state.json": state}
+    folder("good_trainer", trainer, "clean")
     folder("index_missing_shard", {"model-00001-of-00002.safetensors": st_bytes,
                                    "model.safetensors.index.json": index("model-00001-of-00002.safetensors",
                                                                          "model-00002-of-00002.safetensors")},
@@ -701,15 +705,16 @@ def generate(outdir: str | os.PathLike, sentinel: str | os.PathLike | None = Non
            "error", r"weight_map|shard")
     folder("index_not_json", {"model.safetensors.index.json": "{not json"}, "error", r"not valid JSON")
     folder("index_without_weight_map", {"model.safetensors.index.json": "[]"}, "error", r"weight_map")
-    folder("trainer_state_without_optimizer", {"model.safetensors": st_bytes, "trainer_state.json": state}, "clean")
+    folder("trainer_state_without_optimizer", {"model.safetensors": st_bytes, "trainer_state.json": state},
+           "findings", codes=("CKF310",), note="the Trainer would resume with a fresh optimizer and schedule")
     folder("trainer_state_only", {"trainer_state.json": state}, "error", r"no weight file")
     folder("optimizer_evil", {"model.safetensors": st_bytes, "trainer_state.json": state,
                               "optimizer.pt": _torch_save_bytes({"state": {}, "param_groups": [], "x": evil["exec"]})},
            "error", refused, codes=("CKF706",), evil=True, trusted=("findings", ""))
     folder("weights_evil_bin", {"pytorch_model.bin": _torch_save_bytes({"w": torch.zeros(2), "x": evil["eval"]})},
            "error", refused, codes=("CKF706",), evil=True, trusted=("findings", ""))
-    folder("training_args_evil", {"model.safetensors": st_bytes, "trainer_state.json": state,
-                                  "training_args.bin": _torch_save_bytes(evil["os_system"])}, "clean", evil=True,
+    folder("training_args_evil", {**trainer, "training_args.bin": _torch_save_bytes(evil["os_system"])}, "clean",
+           evil=True,
            note="training_args.bin is always read as inert records")
     folder("scheduler_evil", {"model.safetensors": st_bytes, "scheduler.pt": _torch_save_bytes({"x": evil["popen"]})},
            "error", refused, codes=("CKF706",), evil=True, trusted=("findings", ""))

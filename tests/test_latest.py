@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 
 import pytest
 import torch
@@ -158,16 +157,25 @@ def test_bad_input_exits_2_in_one_line(tmp_path, capsys):
     assert code == 1 and out == "" and err.startswith("ckptfix: no checkpoint (") and len(err.splitlines()) == 1
 
 
-def test_latest_reads_structure_only(trainer_run, monkeypatch):
-    """No tensor bytes: the readers' tensor paths are never taken, and it is fast."""
+def test_latest_reads_structure_only(trainer_run, tmp_path, capsys, monkeypatch):
+    """No tensor bytes without --scan: a record of optimizer.pt overwritten with other bytes of its length is
+    still whole (no tensor reader is called); --scan reads them and skips it (CRC-32)."""
+    import zipfile
+
     from ckptfix.checkpoint import TensorInfo
 
+    run = _run_with_newest(trainer_run, tmp_path, os.listdir(trainer_run / "checkpoint-6"))
+    opt = run / "checkpoint-6" / "optimizer.pt"
+    with zipfile.ZipFile(opt) as zf:
+        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    data = bytearray(opt.read_bytes())
+    start = info.header_offset + 30 + len(info.orig_filename.encode()) + len(info.extra)
+    data[start:start + info.file_size] = bytes(255 - b for b in data[start:start + info.file_size])
+    opt.write_bytes(bytes(data))
     monkeypatch.setattr(TensorInfo, "read", lambda *a, **k: pytest.fail("read tensor bytes"))
-    start = time.perf_counter()
-    for _ in range(5):
-        assert latest_checkpoint(trainer_run).path.endswith("checkpoint-6")
-    assert (time.perf_counter() - start) / 5 < 0.5
-    assert latest_checkpoint(trainer_run, scan=True).path.endswith("checkpoint-6")
+    assert latest_checkpoint(run).path == str(run / "checkpoint-6")
+    code, out, err = run_cli(["latest", str(run), "--scan"], capsys)
+    assert code == 0 and out == f"{run / 'checkpoint-4'}\n" and "CRC-32" in err
 
 
 # -- the other frameworks -----------------------------------------------------------------------------------------
