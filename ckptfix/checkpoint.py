@@ -11,6 +11,7 @@ import math
 import mmap
 import os
 import re
+import stat
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -192,6 +193,8 @@ def file_map(path: str, writable: bool = False) -> mmap.mmap:
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, writable)
     mapped = _MAPS.get(key)
     if mapped is None or mapped.closed:
+        if not stat.S_ISREG(st.st_mode):  # a folder or device named as a data file: mmap says only EINVAL
+            raise UnreadableCheckpoint(f"{path}: not a regular file")
         if st.st_size == 0:
             raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
         check_inside(path)  # a data file below an input folder must live in it (never through a link out)

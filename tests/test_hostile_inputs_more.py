@@ -163,3 +163,87 @@ def test_trainer_state_with_a_400_digit_integer(tmp_path, field):
     for r in results.values():
         assert r["code"] in (0, 1) and "Traceback" not in r["stderr"] and "internal error" not in r["stderr"], r
     assert not any("ckptfix-tmp" in name for name in os.listdir(tmp_path))
+
+
+def _with_relative_path(folder: Path, rel: str) -> Path:
+    md = pickle.loads((folder / ".metadata").read_bytes())
+    for info in md.storage_data.values():
+        info.relative_path = rel
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    return folder
+
+
+@pytest.mark.parametrize("rel", ["./__0_0.distcp", "sub/../__0_0.distcp", "__0_0.distcp/"])
+def test_dcp_relative_paths_torch_loads(tmp_path, rel):
+    """Storage paths torch joins to the folder and loads: the same bytes are read (was EINVAL, exit 3)."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    original = _dcp(tmp_path / "orig")
+    folder = tmp_path / "dcp"
+    shutil.copytree(original, folder)
+    (folder / "sub").mkdir()
+    _with_relative_path(folder, rel)
+    state = {"model": {k: torch.zeros_like(v) for k, v in new_run(vocab=64).model.state_dict().items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(state, checkpoint_id=str(folder))  # torch reads it
+    results = mc.run_batch([{"id": "scan", "argv": ["inspect", str(folder), "--scan"]},
+                            {"id": "diff", "argv": ["diff", str(original), str(folder)]},
+                            {"id": "repair", "argv": ["repair", str(folder), "-t", str(TOK), "-o",
+                                                      str(tmp_path / "out")]}],
+                           cwd=tmp_path, timeout=60)
+    assert results["scan"]["code"] == 0, results["scan"]
+    assert results["diff"]["code"] == 0 and "0 changed" in results["diff"]["stdout"], results["diff"]
+    assert results["repair"]["code"] == 0, results["repair"]
+
+
+@pytest.mark.parametrize("rel,message", [
+    (".", "relative_path: expected a file name inside the checkpoint folder, got the string '.'"),
+    ("", "relative_path: expected a file name inside the checkpoint folder, got the string ''"),
+    ("./sub/..", "relative_path: expected a file name inside the checkpoint folder, got the string './sub/..'"),
+    ("sub", "sub: not a regular file"),
+])
+def test_dcp_relative_paths_naming_no_file(tmp_path, rel, message):
+    """A storage path naming the folder itself or a folder in it: one line (was OSError EINVAL, exit 3)."""
+    folder = _with_relative_path(_dcp(tmp_path / "dcp"), rel)
+    (folder / "sub").mkdir()
+    for r in _both(folder, tmp_path):
+        assert message in r["stderr"], r
+
+
+@pytest.mark.parametrize("link", ["self", "folder", "fifo"])
+def test_dcp_data_file_that_is_a_loop_a_folder_link_or_a_fifo(tmp_path, link):
+    """The data file's name is a link to itself, a link to its own folder, or a FIFO: one line each, quickly
+    (the run's timeout is a hang guard), nothing left beside OUT."""
+    folder = _dcp(tmp_path / "dcp")
+    data = folder / "__0_0.distcp"
+    data.unlink()
+    if link == "fifo":
+        os.mkfifo(data)
+    else:
+        os.symlink("__0_0.distcp" if link == "self" else ".", data)
+    for r in _both(folder, tmp_path):
+        assert "__0_0.distcp" in r["stderr"], r
+
+
+def test_dcp_folder_with_link_loops_beside_the_data(tmp_path):
+    """`loop -> .`, `self -> self`, `a -> b -> a` in a DCP folder: inspect, repair -o and --in-place ignore
+    them (they are not named by .metadata) and finish; restore puts the folder back."""
+    folder = _dcp(tmp_path / "dcp")
+    os.symlink(".", folder / "loop")
+    os.symlink("self", folder / "self")
+    os.symlink("b", folder / "a")
+    os.symlink("a", folder / "b")
+    before = sorted(os.listdir(folder))
+    jobs = [{"id": "inspect", "argv": ["inspect", str(folder), "--scan"]},
+            {"id": "out", "argv": ["repair", str(folder), "-t", str(TOK), "-o", str(tmp_path / "out")]}]
+    results = mc.run_batch(jobs, cwd=tmp_path, timeout=60)
+    assert results["inspect"]["code"] in (0, 1) and results["out"]["code"] == 0, results
+    in_place = mc.run_batch([{"id": "in", "argv": ["repair", str(folder), "-t", str(TOK), "--in-place",
+                                                   "--keep-ids"]},
+                             ], cwd=tmp_path, timeout=60)["in"]
+    assert in_place["code"] == 0, in_place
+    restored = mc.run_batch([{"id": "r", "argv": ["restore", str(folder)]}], cwd=tmp_path, timeout=60)["r"]
+    assert restored["code"] == 0 and sorted(os.listdir(folder)) == before, (restored, os.listdir(folder))

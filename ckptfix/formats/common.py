@@ -299,7 +299,7 @@ def parse_optimizer(sd: Mapping, locate_for: Locator | None, origin: str) -> Opt
                 if isinstance(value, TensorInfo):
                     step_tensors.append((ps, value))
                 else:
-                    ps.step = _number(value)
+                    ps.step = number(value)
                 ps.step_kind = "tensor" if isinstance(value, TensorInfo) else type(value).__name__
             elif isinstance(value, TensorInfo):
                 ps.tensors[key] = value
@@ -371,7 +371,8 @@ def _lazy(value: Any, where: tuple, locate_for: Locator | None) -> Any:
     return value
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """A saved int/float as a float; None for anything else or an int beyond float range."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
     try:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import posixpath
 import re
 import struct
 import sys
@@ -395,11 +396,13 @@ def _planner_path(value: Any, origin: str, fqn: str) -> tuple:
 def _blob(folder: str, info: dict, origin: str, fqn: str) -> tuple[str, int, int, Any]:
     """A _StorageInfo: (data file inside the folder, offset, length, transforms), checked."""
     rel = want_str(info.get("relative_path"), origin, f"storage of {fqn!r}: relative_path", max_len=4096)
-    if os.path.isabs(rel) or ".." in rel.replace("\\", "/").split("/") or not rel.strip():
+    # torch joins it to the folder as given ("./__0_0.distcp" loads); "." or "" would name the folder itself
+    norm = posixpath.normpath(rel.replace("\\", "/")) if rel.strip() else "."
+    if os.path.isabs(rel) or norm == "." or norm == ".." or norm.startswith("../"):
         raise fail(origin, f"storage of {fqn!r}: relative_path", "a file name inside the checkpoint folder", rel)
     offset = want_int(info.get("offset", 0), origin, f"storage of {fqn!r}: offset")
     length = want_int(info.get("length", 0), origin, f"storage of {fqn!r}: length")
-    return os.path.join(folder, rel), offset, length, _transforms(info.get("transform_descriptors"), origin, fqn)
+    return os.path.join(folder, norm), offset, length, _transforms(info.get("transform_descriptors"), origin, fqn)
 
 
 def _transforms(value: Any, origin: str, fqn: str) -> list[str] | None:

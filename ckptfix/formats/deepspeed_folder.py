@@ -328,7 +328,7 @@ def _views(flat_state: Mapping, offsets: dict[str, int], shapes: Mapping[str, tu
     if isinstance(step, TensorRef):
         step_value = read_scalar(common.tensor_from_ref("step", step, part["locate_for"]))
     elif isinstance(step, (int, float)):
-        step_value = float(step)
+        step_value = common.number(step)
     out = {}
     for name, shape in shapes.items():
         ps = ParamState(step=step_value)
@@ -436,7 +436,7 @@ def _gathered_state(parts: list, g: int, shapes: Mapping[str, tuple], stage: int
     layout = _layout(shapes, stage, len(parts), parts[0]["flat"][g].numel)
     step = states[0].get("step") if isinstance(states[0], Mapping) else None
     step_value = (read_scalar(common.tensor_from_ref("step", step, parts[0]["locate_for"]))
-                  if isinstance(step, TensorRef) else float(step) if isinstance(step, (int, float)) else None)
+                  if isinstance(step, TensorRef) else common.number(step))
     keys = [k for k, v in (states[0] or {}).items() if isinstance(v, TensorRef) and k != "step"]
     out = {}
     for name, shape in shapes.items():
