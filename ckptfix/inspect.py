@@ -115,12 +115,12 @@ def _add_audit(report: Report) -> None:
 def _plan_audit(report: Report) -> Any:
     """For inspect: the audit of the plan repair would make with its defaults (`--init mean`: the same rows,
     no pieces spelled). None without a tokenizer, or when repair would refuse anyway (inspect says why)."""
+    if report.tokenizer is None or not report.vocab:
+        return None  # before the imports: the surgery package imports numpy, which inspect of metadata never needs
     from ckptfix.audit import audit
     from ckptfix.errors import CkptfixError
     from ckptfix.surgery.plan import make_plan
 
-    if report.tokenizer is None or not report.vocab:
-        return None
     old = report.old_tokenizer
     try:
         plan = make_plan(report, report.tokenizer, old.info if old is not None and old.origin == "given" else None,

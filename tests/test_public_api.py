@@ -99,3 +99,24 @@ def test_python_callers_are_told_the_keyword_argument(tmp_path):
     res = subprocess.run([sys.executable, "-m", "ckptfix", "repair", str(src), "-t", str(tok), "-o", str(out)],
                          capture_output=True, text=True)
     assert (res.returncode, res.stderr) == (2, f"ckptfix: error: {out}: already exists; pass --force to replace it\n")
+
+
+def test_inspect_without_a_tokenizer_imports_no_numpy(tmp_path):
+    """inspect of metadata (no --tokenizer) never needs numpy: the plan audit's surgery imports come after its
+    no-tokenizer return (README's start-up figures count on it). A fresh interpreter, through the API and the CLI."""
+    import json
+    import struct
+
+    header = json.dumps({"wte.weight": {"dtype": "F32", "shape": [4, 2], "data_offsets": [0, 32]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes(32))
+    seed = ROOT / "fixtures" / "seed001" / "ckpt.pth"
+    for path in (seed, tmp_path / "model.safetensors"):
+        code = ("import sys, ckptfix, ckptfix.inspect; r = ckptfix.inspect(sys.argv[1]); assert r.ckpt.model\n"
+                "from ckptfix.cli import main\n"
+                "try: main(['inspect', sys.argv[1], '-q'])\n"
+                "except SystemExit: pass\n"
+                "print(sorted(m for m in ('numpy', 'torch') if m in sys.modules))")
+        done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert done.returncode == 0, done.stderr[-800:]
+        assert done.stdout.strip().splitlines()[-1] == "[]", (path, done.stdout[-300:])
