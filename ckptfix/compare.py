@@ -4,7 +4,9 @@ Any two supported formats can be compared (a `.pth` against a DCP folder, say). 
 by name; same-shaped pairs are compared one pair at a time, in bounded chunks read lazily from the
 files (`TensorInfo.read()` maps them; nothing is loaded whole), so neither checkpoint is ever held in
 memory. "Trainable" means the tensors the optimizer keeps state for, or, when neither checkpoint
-has per-parameter optimizer state, every floating-point parameter.
+has per-parameter optimizer state, every floating-point parameter. Where the optimizer's entries cannot
+all be mapped to parameter names (an HF Trainer folder: sorted safetensors keys, state by index), which
+tensors are trainable is not known: every float parameter is counted, and the report says so.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class DiffReport:
     b: Side
     tensors: list[TensorDiff]
     atol: float = 0.0
-    trainable_from: str = "optimizer state"  # or "float parameters"
+    trainable_from: str = "optimizer state"  # or "float parameters", or "not known" (see `unmapped`)
+    unmapped: str = ""  # why trainable is not known: the optimizer entries not mapped to names
     notes: list[str] = field(default_factory=list)
 
     def with_status(self, *statuses: str) -> list[TensorDiff]:
@@ -98,25 +101,39 @@ class DiffReport:
         return 0 if self.moving or self.same_step else 1
 
     @property
+    def known(self) -> bool:
+        """Whether the tensors counted are the trainable ones (else every float parameter, `unmapped` says why)."""
+        return self.trainable_from != "not known"
+
+    @property
     def summary_line(self) -> str:
-        return (f"{len(self.trainable_changed)} of {len(self.trainable_compared)} trainable tensors changed "
-                f"between {_step(self.a.step)} and {_step(self.b.step)}")
+        between = f"between {_step(self.a.step)} and {_step(self.b.step)}"
+        if not self.known:
+            return (f"not known — the optimizer's entries are not mapped to names in this format ({self.unmapped}); "
+                    f"every float tensor counted: {len(self.trainable_changed)} of {len(self.trainable_compared)} "
+                    f"changed {between}")
+        return f"{len(self.trainable_changed)} of {len(self.trainable_compared)} trainable tensors changed {between}"
 
     @property
     def verdict(self) -> str:
         changed, compared = len(self.trainable_changed), len(self.trainable_compared)
+        kind = "trainable" if self.known else "float"
         if not compared:
-            return "no trainable tensor present in both checkpoints: nothing to compare"
+            return f"no {kind} tensor present in both checkpoints: nothing to compare"
         if not changed and self.same_step:
             other = len(self.tensors) - len(self.with_status("unchanged"))
             return (f"same step ({_step(self.a.step)} in both): no training between them; every tensor compared "
                     "is identical" + (f", {other} differ in shape or presence (a repaired copy?)" if other else ""))
         if not changed:
-            return "no trainable tensor changed: training is not updating weights"
+            return f"no {kind} tensor changed: training is not updating weights"
+        if changed < compared and not self.known:
+            return (f"weights are moving, but {compared - changed} float tensor(s) did not change (frozen on purpose "
+                    "or by mistake, lr 0 in their group, or no gradient reaching them: which tensors are trainable "
+                    "is not known here)")
         if changed < compared:
             return (f"weights are moving, but {compared - changed} trainable tensor(s) did not change "
                     "(frozen by mistake, lr 0 in their group, or no gradient reaching them?)")
-        return "weights are moving: every trainable tensor changed"
+        return f"weights are moving: every {kind} tensor changed"
 
     def to_json(self) -> dict[str, Any]:
         counts = {s: len(self.with_status(s)) for s in ("changed", "unchanged", "added", "removed", "reshaped", "unreadable")}
@@ -126,7 +143,8 @@ class DiffReport:
             "b": self.b.to_json(),
             "atol": self.atol,
             "summary": {**counts, "trainable": len(self.trainable_compared),
-                        "trainable_changed": len(self.trainable_changed), "trainable_from": self.trainable_from},
+                        "trainable_changed": len(self.trainable_changed), "trainable_from": self.trainable_from,
+                        "trainable_unmapped": self.unmapped},
             "summary_line": self.summary_line,
             "moving": self.moving,
             "verdict": self.verdict,
@@ -148,9 +166,9 @@ def diff(a: str | os.PathLike, b: str | os.PathLike, *, atol: float = 0.0, progr
 def diff_checkpoints(ca: Checkpoint, cb: Checkpoint, *, atol: float = 0.0,
                      progress: Progress | None = None) -> DiffReport:
     """`diff` on two already-read checkpoints."""
-    trainable, source = _trainable(ca, cb)
+    trainable, source, unmapped = _trainable(ca, cb)
     report = DiffReport(Side(ca.path, ca.format, checkpoint_step(ca)), Side(cb.path, cb.format, checkpoint_step(cb)),
-                        [], atol, source)
+                        [], atol, source, unmapped=unmapped)
     pairs = []
     for name, ta in ca.model.items():
         tb = cb.model.get(name)
@@ -228,18 +246,29 @@ def _widen(t: TensorInfo, chunk: np.ndarray) -> np.ndarray:
     return chunk.astype(np.complex128 if np.iscomplexobj(chunk) else np.float64)
 
 
-def _trainable(ca: Checkpoint, cb: Checkpoint) -> tuple[set[str], str]:
-    """Names with optimizer state in either checkpoint; else every float parameter."""
+def _trainable(ca: Checkpoint, cb: Checkpoint) -> tuple[set[str], str, str]:
+    """(names, where they come from, why they are not known): the names with optimizer state in either
+    checkpoint; every float parameter when neither has per-parameter state, or when some entry with state
+    has no name (then which tensors are trainable is not known, and counting only the named ones would
+    report a few tensors as all the trainable ones)."""
     names: set[str] = set()
-    for ckpt in (ca, cb):
+    unmapped: list[tuple[str, str]] = []
+    for side, ckpt in (("A", ca), ("B", cb)):
         if ckpt.optimizer is None:
             continue
         mapping = map_optimizer(ckpt)
-        names.update(mapping.names[i] for i, ps in ckpt.optimizer.state.items()
-                     if i in mapping.names and (ps.tensors or ps.step is not None))
+        stateful = [i for i, ps in ckpt.optimizer.state.items() if ps.tensors or ps.step is not None]
+        names.update(mapping.names[i] for i in stateful if i in mapping.names)
+        missing = sum(i not in mapping.names for i in stateful)
+        if missing:
+            unmapped.append((side, f"{missing} of {len(stateful)} optimizer entries have no name"))
+    floats = set(ca.parameters()) | set(cb.parameters())
+    if unmapped:
+        said = {why for _, why in unmapped}
+        return floats, "not known", (said.pop() if len(said) == 1 else "; ".join(f"{s}: {w}" for s, w in unmapped))
     if names:
-        return names, "optimizer state"
-    return set(ca.parameters()) | set(cb.parameters()), "float parameters"
+        return names, "optimizer state", ""
+    return floats, "float parameters", ""
 
 
 def checkpoint_step(ckpt: Checkpoint) -> float | None:

@@ -197,7 +197,8 @@ def render_diff(report: Any) -> str:
     lines.append(_line("tensors", f"{s['changed']} changed, {s['unchanged']} unchanged, {s['added']} added, "
                                   f"{s['removed']} removed, {s['reshaped']} reshaped"
                                   + (f", {s['unreadable']} unreadable" if s["unreadable"] else "")))
-    lines.append(_line("trainable", f"{data['summary_line']} (from {s['trainable_from']})"))
+    source = "" if s["trainable_from"] == "not known" else f" (from {s['trainable_from']})"
+    lines.append(_line("trainable", data["summary_line"] + source))
     lines.append(_line("verdict", data["verdict"]))
     trainable = [t for t in data["tensors"] if t["trainable"]]
     moved = sorted((t for t in trainable if t["status"] == "changed"),
