@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterable
 
 from ckptfix.checkpoint import Checkpoint
 from ckptfix.checks import Context, Finding, run_checks
+from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import read_checkpoint
 from ckptfix.mapping import ParamMapping, map_optimizer
 from ckptfix.plain import plain
@@ -87,7 +88,7 @@ def inspect(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
     Reads metadata only (zip directory + pickle, safetensors header, JSON indexes) unless `scan`
     (NaN/Inf in every tensor) or `verify` (zip CRCs) ask for tensor bytes. Never executes pickle code.
     """
-    ckpt = read_checkpoint(path, trust_pickle=trust_pickle)
+    ckpt = _read_one_checkpoint(os.fspath(path), trust_pickle)
     tok = old = None
     if tokenizer is not None or from_tokenizer is not None:
         from ckptfix.tokenizers import load_tokenizer
@@ -97,6 +98,20 @@ def inspect(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
     report = analyse(ckpt, tok, scan=scan, verify=verify, progress=progress, from_tokenizer=old)
     _add_audit(report)
     return report
+
+
+def _read_one_checkpoint(path: str, trust_pickle: bool) -> Checkpoint:
+    """The checkpoint at `path`; a run's output folder (checkpoint-N/, step-N/, *.ckpt inside) is refused
+    naming its newest whole checkpoint, as `ckptfix latest` finds it."""
+    try:
+        return read_checkpoint(path, trust_pickle=trust_pickle)
+    except UnreadableCheckpoint:
+        from ckptfix.latest import run_folder_message
+
+        message = run_folder_message(path)
+        if message is None:
+            raise
+        raise UnreadableCheckpoint(message) from None
 
 
 def _add_audit(report: Report) -> None:

@@ -352,3 +352,18 @@ def _one_line(text: str) -> str:
     from ckptfix.untrusted import escape
 
     return escape(" ".join(text.split()))
+
+
+def run_folder_message(folder: str) -> str | None:
+    """For a reader handed a run's output folder instead of one checkpoint: one line naming the newest whole
+    checkpoint in it and why each newer one is not whole; None when `folder` holds no candidate."""
+    if not os.path.isdir(folder) or not find_candidates(folder):
+        return None
+    result = latest_checkpoint(folder)
+    skipped = "; ".join(f"{os.path.basename(c.path)} is not whole: {'; '.join(c.reasons)}" for c in result.skipped)
+    if result.path is None:
+        return _one_line(f"{folder}: a run folder, not one checkpoint, and none of its {len(result.checked)} "
+                         f"checkpoints is whole ({skipped})")
+    newest = f"the newest whole checkpoint in it is {result.path}"
+    return _one_line(f"{folder}: a run folder, not one checkpoint: {newest}" + (f" ({skipped})" if skipped else "")
+                     + " (`ckptfix latest` prints it for scripts)")

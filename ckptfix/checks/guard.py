@@ -69,3 +69,7 @@ declare("CKF828", "error", "tokens changed id: rows would load by id",
         "The live tokenizer gives other ids to tokens the checkpoint's rows belong to (named by its ckptfix "
         "record, its folder or `from_tokenizer=`), and the load would keep rows by id: stopped before "
         "anything is loaded.")
+declare("CKF829", "error", "checkpoint not whole for its framework's resume",
+        "A run folder given as one checkpoint, or a checkpoint that lacks or holds a torn file its framework's "
+        "resume reads (inspect's CKF310, CKF311, CKF313: the framework would resume with a fresh optimizer and "
+        "schedule, or fail): refused before anything is loaded, naming the newest whole checkpoint of the run.")

@@ -30,7 +30,7 @@ def _folder(ctx: Context) -> str:
        "save_only_model=True (saved so on purpose).")
 def optimizer_scheduler_pair(ctx: Context) -> Iterator[Finding]:
     files = _files(ctx)
-    if files is None or files.get("optimizer_elsewhere"):
+    if files is None or files.get("optimizer_elsewhere") or _reset_by_repair(ctx):
         return
     missing = [n for n in ("optimizer.pt", "scheduler.pt") if n in files.get("missing", [])]
     if not missing:
@@ -50,6 +50,13 @@ def optimizer_scheduler_pair(ctx: Context) -> Iterator[Finding]:
     yield finding("CKF310", message, pytorch=_PAIR,
                   fix=f"Resume from an earlier checkpoint-N that has both files (`ckptfix latest {_run(ctx)}`), "
                   "or copy the missing file from the same save if it still exists elsewhere.")
+
+
+def _reset_by_repair(ctx: Context) -> bool:
+    """`ckptfix repair --policy reset` removes both files on purpose (its record says so): the fresh optimizer
+    and restarted schedule are what was asked for."""
+    record = ctx.ckpt.record
+    return record is not None and record.scheduler_state == "reset"
 
 
 def _run(ctx: Context) -> str:

@@ -84,6 +84,7 @@ from typing import Any
 
 import torch
 
+from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.guard.live import Live
 from ckptfix.guard.probe import StepProbe
 from ckptfix.guard.problems import Problem, TrainingSetupError, format_names, raise_or_warn
@@ -91,6 +92,7 @@ from ckptfix.guard.resume_apply import Apply, not_landed, same_values
 from ckptfix.guard.resume_plan import ModelPlan, key_map, key_problems, plan_optimizer, plan_resume
 from ckptfix.guard.rewarm import Rewarm
 from ckptfix.guard.setup import check_live_state, check_training_setup, named_params, unwrap_optimizer
+from ckptfix.guard.whole import not_whole_problems, run_folder_problem
 from ckptfix.policies import GUARD_POLICIES, canonical
 from ckptfix.record import NAMES_SCHEMA, Record, TokenizerRef
 
@@ -206,7 +208,15 @@ def _read(source: Any) -> Any:
     from ckptfix.checkpoint import Checkpoint
     from ckptfix.formats import read_checkpoint
 
-    return source if isinstance(source, Checkpoint) else read_checkpoint(os.fspath(source))
+    if isinstance(source, Checkpoint):
+        return source
+    try:
+        return read_checkpoint(os.fspath(source))
+    except UnreadableCheckpoint:
+        problem = run_folder_problem(os.fspath(source))
+        if problem is None:
+            raise
+        raise ResumeError([problem], os.fspath(source)) from None
 
 
 class ResumeGuard:
@@ -270,6 +280,7 @@ class ResumeGuard:
             raise TypeError("from_tokenizer needs tokenizer= and from_tokenizer= as paths or TokenizerInfos "
                             "(their id -> token tables), not sizes or tokenizer objects")
         plan = plan_resume(ckpt, analysis, live, self.policy, reset_scheduler=self.reset_scheduler)  # plan
+        plan.problems[:0] = not_whole_problems(ckpt, analysis.findings)
         report = self.report = ResumeReport(
             path=ckpt.path, format=ckpt.format, policy=self.policy, problems=list(plan.problems),
             record=ckpt.record.to_json() if ckpt.record is not None else None, notes=plan.notes, checkpoint_findings=[f.code for f in analysis.findings])

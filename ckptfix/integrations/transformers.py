@@ -22,6 +22,7 @@ Importing this module needs transformers; `ckptfix` itself never imports it.
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -38,6 +39,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from ckptfix.guard import ResumeError, StepProbe, TrainingSetupWarning, check_training_setup
 from ckptfix.guard.problems import Problem, raise_or_warn
 from ckptfix.guard.setup import check_live_state, unwrap_optimizer
+from ckptfix.guard.whole import instead
 
 __all__ = ["ResumeGuardCallback"]
 
@@ -71,6 +73,7 @@ class ResumeGuardCallback(TrainerCallback):
             _check_tokenizer(model, kwargs.get("processing_class") or kwargs.get("tokenizer"))
             _check_loaded_state(model, optimizer)
             self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
+        _refuse_restarted_schedule(args, state, lr_scheduler)
         self._start_rewarm(state, optimizer)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None,
@@ -118,6 +121,40 @@ class ResumeGuardCallback(TrainerCallback):
             # An accelerate-wrapped optimizer carries its GradScaler; StepProbe picks it up.
             self.probe = StepProbe(model, optimizer, steps=self.steps, unused_ok=self.unused_ok)
         return self.probe if self.probe.active else None
+
+
+def _refuse_restarted_schedule(args: Any, state: Any, lr_scheduler: Any) -> None:
+    """A resumed run (global_step > 0) whose scheduler is at step 0: the Trainer loads optimizer.pt and
+    scheduler.pt only when both exist (Trainer._load_optimizer_and_scheduler), so the checkpoint lacked one of
+    them and the run would go on with empty Adam moments and a schedule back at its warm-up (inspect: CKF310).
+    `ckptfix repair --policy fresh` keeps scheduler.pt, so its outputs pass. Refused naming the newest whole
+    checkpoint in the output folder."""
+    step = getattr(state, "global_step", 0) or 0
+    if step <= 0 or lr_scheduler is None or getattr(lr_scheduler, "last_epoch", None) != 0:
+        return
+    # The Trainer does not tell callbacks which folder it resumed from: the one its own save would have made
+    checkpoint = os.path.join(args.output_dir, f"checkpoint-{step}")
+    message = (f"resumed at step {step} with the LR schedule back at step 0 and a fresh optimizer: the checkpoint "
+               "lacked optimizer.pt or scheduler.pt (the Trainer loads them only when both exist; inspect: CKF310)")
+    if not os.path.isdir(checkpoint):
+        warnings.warn(f"CKF829 warning: {message}, unless `ckptfix repair --policy reset` removed them on "
+                      f"purpose (no {checkpoint} to read its record from)", TrainingSetupWarning, stacklevel=3)
+        return
+    if _reset_on_purpose(checkpoint):
+        return
+    raise ResumeError([Problem("CKF829", "error", f"{message}. {instead(checkpoint)}")], checkpoint)
+
+
+def _reset_on_purpose(folder: str) -> bool:
+    """Its ckptfix record says `repair --policy reset` dropped the optimizer and schedule (metadata only)."""
+    from ckptfix.errors import CkptfixError
+    from ckptfix.formats import read_checkpoint
+
+    try:
+        record = read_checkpoint(folder).record
+    except CkptfixError:
+        return False
+    return record is not None and record.scheduler_state == "reset"
 
 
 def _check_tokenizer(model: Any, processing_class: Any) -> None:
