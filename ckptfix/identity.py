@@ -113,15 +113,26 @@ def identity_notes(ckpt: Any, new: Any, old: OldTokenizer | None, rows: int | No
         return []
     if old is not None:
         return [f"the checkpoint's rows belong to the tokenizer {old.describe()}"]
-    from ckptfix.vocab import padding_multiple
-
-    if new.size == rows or padding_multiple(rows, new.size) is not None:
+    if not ids_unchecked(ckpt, new, old, rows):
         return []
-    if data_evidence(new, rows, ckpt.extras.get("config")):
-        return []  # CKF122 says more
     return [f"the tokenizer the checkpoint's {rows} rows were trained with is not known (no ckptfix record, no "
             f"tokenizer files in the folder): repair keeps rows by id, which is right only if {new.path} keeps "
-            "the old ids and appends new tokens after them; otherwise pass --from-tokenizer OLD"]
+            "the old ids and appends new tokens after them; otherwise pass --from-tokenizer OLD_TOKENIZER (the "
+            "fix names it)"]
+
+
+def ids_unchecked(ckpt: Any, new: Any, old: Any, rows: int | None) -> bool:
+    """Whether repair would keep rows by id with nothing to check the ids against: the row count changes
+    (not padding), the old tokenizer is not known, and the new one alone shows no retrain (that is CKF122).
+    Then inspect's fix names `--from-tokenizer OLD_TOKENIZER`: a tokenizer retrained to the same base size
+    moves ids with no sign in the shapes."""
+    from ckptfix.vocab import padding_multiple
+
+    if new is None or old is not None or rows is None or new.id_to_token() is None:
+        return False
+    if new.size == rows or padding_multiple(rows, new.size) is not None:
+        return False
+    return not data_evidence(new, rows, ckpt.extras.get("config"))
 
 
 def _from_record(ckpt: Any, notes: list[str]) -> OldTokenizer | None:

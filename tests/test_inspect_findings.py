@@ -126,6 +126,11 @@ def tok1000(sp_tokenizers) -> Path:
     return sp_tokenizers(1000)
 
 
+# The fix's tail where the tokenizer the rows were trained with is not known (identity.ids_unchecked)
+UNCHECKED = ("  (OLD_TOKENIZER: the tokenizer the checkpoint was trained with; leave --from-tokenizer out only if the "
+             "new one kept its ids and appended tokens: rows are then kept by id)")
+
+
 # ------------------------------------------------------------------------------------------- 1xx vocab
 
 
@@ -140,7 +145,8 @@ def test_ckf101_rows_below_tokenizer_with_added_tokens(tmp_path, capsys):
     assert f["message"] == ("2 vocab tensor(s) have 300 rows but the tokenizer has 303 tokens (ids 300..302 have no row); "
                             "added tokens past the end include 300:'<tool>', 301:'<|user|>', 302:'<|assistant|>'")
     assert f["tensors"] == ["text_embedding.weight", "text_head.weight"]
-    assert f["fix"] == f"ckptfix repair {ckpt} --tokenizer {tok} -o {fixed_path(ckpt)}"
+    # The tokenizer the rows were trained with is not known: the fix names --from-tokenizer (issue 46)
+    assert f["fix"] == f"ckptfix repair {ckpt} --tokenizer {tok} --from-tokenizer OLD_TOKENIZER -o {fixed_path(ckpt)}" + UNCHECKED
     assert "IndexError" in f["pytorch"]
     # The claim: the first id >= rows cannot be looked up.
     model = TinyLM(300, 8)
@@ -161,8 +167,9 @@ def test_ckf102_seed001_one_extra_row(tmp_path, capsys, tok1000):
     assert f["message"] == ("2 vocab tensor(s) have 1001 rows but the tokenizer has 1000 tokens "
                             "(1 extra row(s), not padding to a multiple of 8..256)")
     assert f["tensors"] == ["text_embedding.weight", "text_head.weight"]
-    assert f["fix"] == f"ckptfix repair {ckpt} --tokenizer {tok1000} -o {tmp_path / 'ckpt.fixed.pth'}"
-    assert f"fix:     ckptfix repair {ckpt} --tokenizer {tok1000} -o {tmp_path / 'ckpt.fixed.pth'}" in text
+    fix = f"ckptfix repair {ckpt} --tokenizer {tok1000} --from-tokenizer OLD_TOKENIZER -o {tmp_path / 'ckpt.fixed.pth'}"
+    assert f["fix"] == fix + UNCHECKED
+    assert f"fix:     {fix}{UNCHECKED}" in text
     vocab = {t["name"]: t for t in data["vocab"]["tensors"]}
     assert vocab["text_embedding.weight"]["moments"] == {"exp_avg": [1001, 8], "exp_avg_sq": [1001, 8]}
     assert vocab["text_head.weight"]["role"] == "head" and vocab["text_head.weight"]["rows"] == 1001
@@ -572,7 +579,7 @@ def test_committed_fixtures(capsys, monkeypatch, name, exit_code, expected):
         f = one(data, "CKF102")
         assert f["message"].startswith("2 vocab tensor(s) have 1001 rows but the tokenizer has 1000 tokens")
         assert f["fix"] == ("ckptfix repair fixtures/seed001/ckpt.pth --tokenizer fixtures/seed001/tokenizer.model "
-                            "-o fixtures/seed001/ckpt.fixed.pth")
+                            "--from-tokenizer OLD_TOKENIZER -o fixtures/seed001/ckpt.fixed.pth" + UNCHECKED)
         assert data["extras"] == {"epoch": 2, "step": 48, "batch": 24, "learning_rate": 0.003}
         assert data["optimizer"]["step"] == 48 and data["scheduler"]["last_epoch"] == 48
     if name == "tied":

@@ -177,6 +177,30 @@ def test_without_the_old_tokenizer(setup, tmp_path):
         assert any("rows kept by id" in n for n in result.to_json()["notes"])
 
 
+def test_fix_names_from_tokenizer_when_the_old_one_is_not_known(tmp_path):
+    """Issue 46: a tokenizer retrained to the same base size (ids swapped) with tokens added, and no record of the
+    old one: nothing shows the retrain, so inspect's fix names --from-tokenizer OLD_TOKENIZER as its note does;
+    pasted with the old tokenizer in its place, every shared token keeps its row."""
+    old_path, new_path = reordered_bpe(tmp_path)
+    old, new = Encoder(old_path), Encoder(new_path)
+    torch.manual_seed(0)
+    model = TinyLM(old.size, DIM, 2)
+    ckpt = tmp_path / "ckpt.pth"
+    torch.save({"model": model.state_dict()}, ckpt)
+    report = ckptfix.inspect(ckpt, new.path)
+    (grown,) = [f for f in report.findings if f.code == "CKF101"]
+    assert grown.fix == (f"ckptfix repair {ckpt} --tokenizer {new.path} --from-tokenizer OLD_TOKENIZER -o "
+                         f"{tmp_path / 'ckpt.fixed.pth'}  (OLD_TOKENIZER: the tokenizer the checkpoint was trained "
+                         "with; leave --from-tokenizer out only if the new one kept its ids and appended tokens: rows "
+                         "are then kept by id)")
+    assert any("otherwise pass --from-tokenizer OLD_TOKENIZER (the fix names it)" in n for n in report.notes)
+    try:
+        cli_main(shlex.split(grown.fix.split("  (")[0].replace("OLD_TOKENIZER", str(old_path)))[1:])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    assert misplaced(model_from(tmp_path / "ckpt.fixed.pth", new.size), model, old, new) == 0
+
+
 def test_default_repair_uses_the_tokenizer_the_record_names(setup, tmp_path):
     """A loop that saves `guard.record()` with its tokenizer: the default repair moves rows by token."""
     s = setup

@@ -63,10 +63,21 @@ class Context:
         out = suggested_output(src)
         words = ["ckptfix", "repair", src, "--tokenizer",
                  self.tokenizer.path if self.tokenizer is not None else "NEW_TOKENIZER"]
+        why = ""
         if self.old_tokenizer is not None and self.old_tokenizer.origin == "given":
             words += ["--from-tokenizer", self.old_tokenizer.path]
+        elif "--from-tokenizer" not in extra and self._ids_unchecked():
+            words += ["--from-tokenizer", "OLD_TOKENIZER"]
+            why = ("  (OLD_TOKENIZER: the tokenizer the checkpoint was trained with; leave --from-tokenizer out only "
+                   "if the new one kept its ids and appended tokens: rows are then kept by id)")
         words += ["-o", out]
-        return " ".join([*map(shlex.quote, words), *extra])
+        return " ".join([*map(shlex.quote, words), *extra]) + why
+
+    def _ids_unchecked(self) -> bool:
+        from ckptfix.identity import ids_unchecked
+        from ckptfix.vocab import vocab_rows
+
+        return ids_unchecked(self.ckpt, self.tokenizer, self.old_tokenizer, vocab_rows(self.vocab))
 
 
 @dataclass(frozen=True)
