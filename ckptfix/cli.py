@@ -199,6 +199,21 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
         from ckptfix.render import render_repair
 
         _echo(render_repair(result))
+    _note_trainer_output(checkpoint, out, in_place)
+
+
+def _note_trainer_output(checkpoint: str, out: str | None, in_place: bool) -> None:
+    """One line on stderr when a folder OUT lands among a Trainer's checkpoint-N folders under a name the
+    Trainer reads as a step (its resume and rotation would take or delete it): README's "beside the run's
+    output_dir, not inside" as a note, not a refusal."""
+    from ckptfix.resume_hints import inside_trainer_output
+    from ckptfix.untrusted import escape
+
+    if out is None or in_place or not (os.path.isdir(checkpoint) or os.path.isdir(out)):
+        return
+    note = inside_trainer_output(out)
+    if note is not None:
+        click.echo(f"ckptfix: note: {escape(note)}", err=True)
 
 
 @cli.command()

@@ -36,6 +36,38 @@ def suggested_output(path: str) -> str:
     return f"{root}.fixed{ext}"
 
 
+# the Trainer's own patterns (transformers.trainer_utils): get_last_checkpoint, which resume_from_checkpoint=True
+# uses, takes the folder with the highest N among `^checkpoint-(\d+)$`; its rotation (save_total_limit) globs
+# `checkpoint-*` folders and reads N from the last `checkpoint-(\d+)` in the name
+_TRAINER_LAST = re.compile(r"checkpoint-(\d+)")
+_TRAINER_ROTATION = re.compile(r".*checkpoint-(\d+)")
+
+
+def inside_trainer_output(out: str) -> str | None:
+    """A one-line note when the folder `out` lands among a Hugging Face Trainer's `checkpoint-N` folders with a
+    name the Trainer reads as a step (README: write it beside the run's `output_dir`, not inside); else None."""
+    if "://" in out:
+        return None
+    path = os.path.abspath(out.rstrip("/") or out)
+    run, name = os.path.split(path)
+    try:
+        steps = [e for e in os.listdir(run) if e != name and _TRAINER_LAST.fullmatch(e)
+                 and os.path.isdir(os.path.join(run, e))]
+    except OSError:
+        return None
+    counted = _TRAINER_ROTATION.match(name) if name.startswith("checkpoint-") else None
+    if not steps or counted is None:
+        return None
+    step = counted.group(1)
+    picked = (f"resume_from_checkpoint=True takes it when {step} is the highest step there, and its " if
+              _TRAINER_LAST.fullmatch(name) else "")
+    beside = os.path.join(os.path.dirname(run), f"{os.path.basename(run)}-{name}")
+    shown = os.path.relpath(beside) if not os.path.isabs(out) else beside
+    return (f"{out} is inside the Trainer output_dir {os.path.dirname(out.rstrip('/')) or '.'} (beside "
+            f"{sorted(steps)[0]}): the Trainer's {picked}rotation (save_total_limit) counts it as step {step} and "
+            f"may delete it; write it beside the output_dir instead (-o {shown})")
+
+
 def repair_target(path: str) -> tuple[str, str | None]:
     """(what to repair, the folder format when `path` is a file inside a checkpoint folder, else None)."""
     from ckptfix.errors import CkptfixError

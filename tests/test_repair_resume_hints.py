@@ -129,3 +129,31 @@ def test_a_url_out_is_named_as_its_local_copy_where_the_loader_reads_local_paths
     assert "from_pretrained('step-fixed')" in lines[1] and "s3://" not in lines[1]
     assert "ckpt_path='s3://b/run/x.ckpt'" in resume_lines("lightning", "s3://b/run/x.ckpt", 64, 64)[0]
     assert "checkpoint_id='s3://b/run/step'" in resume_lines("dcp", "s3://b/run/step", 64, 64)[0]
+
+
+def test_an_output_inside_the_trainer_output_dir_gets_a_note(run, tmp_path, monkeypatch, capsys):
+    """Issue 46: `repair -o` into the run's output_dir under a name the Trainer reads as a step: one line on stderr
+    (README: beside the run's output_dir, not inside), true of transformers' own rotation and resume."""
+    import shutil
+
+    from transformers.trainer_utils import get_last_checkpoint, sort_checkpoints
+
+    root, tok = run
+    shutil.copytree(root / "out", tmp_path / "out")
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert cli_main(["repair", "out/checkpoint-3", "-t", str(tok), "-o", "out/checkpoint-3-fixed", "-q"]) in (0, None)
+    assert capsys.readouterr().err.splitlines() == [
+        "ckptfix: note: out/checkpoint-3-fixed is inside the Trainer output_dir out (beside checkpoint-3): the "
+        "Trainer's rotation (save_total_limit) counts it as step 3 and may delete it; write it beside the output_dir "
+        "instead (-o out-checkpoint-3-fixed)"]
+    assert os.path.join("out", "checkpoint-3-fixed") in sort_checkpoints("out")  # rotation counts it
+    assert cli_main(["repair", "out/checkpoint-3", "-t", str(tok), "-o", "out/checkpoint-9", "-q"]) in (0, None)
+    assert capsys.readouterr().err.splitlines() == [
+        "ckptfix: note: out/checkpoint-9 is inside the Trainer output_dir out (beside checkpoint-3): the Trainer's "
+        "resume_from_checkpoint=True takes it when 9 is the highest step there, and its rotation (save_total_limit) "
+        "counts it as step 9 and may delete it; write it beside the output_dir instead (-o out-checkpoint-9)"]
+    assert get_last_checkpoint("out") == os.path.join("out", "checkpoint-9")  # what resume_from_checkpoint=True takes
+    for harmless in ("out-checkpoint-3-fixed", "out/fixed"):  # beside the run; a name the Trainer does not read
+        assert cli_main(["repair", "out/checkpoint-3", "-t", str(tok), "-o", harmless, "-q"]) in (0, None)
+        assert "note" not in capsys.readouterr().err
