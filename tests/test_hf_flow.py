@@ -89,3 +89,59 @@ def test_policy_fresh_rewarms_under_the_callback(tmp_path):
         t.train(resume_from_checkpoint=str(tmp_path / "fresh"))
     assert any("re-warming the LR" in str(w.message) for w in caught)
     assert callback.rewarm_done == 4 and t.state.global_step == 9
+
+
+@pytest.mark.peft
+def test_peft_trainer_checkpoint_of_a_finished_schedule_is_information(tmp_path):
+    """Issue 45: a PEFT LoRA run through the Trainer, saved at its last step (adapter_model.safetensors,
+    optimizer.pt, scheduler.pt, trainer_state.json with global_step == max_steps): lr 0 there is the end of the
+    schedule (CKF302 info, as for a full model's Trainer folder), and the Trainer resumed with a longer schedule
+    trains on above lr 0. The same folder whose trainer_state.json says the run goes on: lr 0 stays an error."""
+    import json
+    import shutil
+
+    peft = pytest.importorskip("peft")
+
+    def lora_trainer(out, max_steps):
+        torch.manual_seed(0)
+        cfg = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64, n_positions=32,
+                                      bos_token_id=0, eos_token_id=0)
+        model = peft.get_peft_model(transformers.GPT2LMHeadModel(cfg), peft.LoraConfig(
+            r=2, lora_alpha=4, target_modules=["c_attn"], lora_dropout=0.0, fan_in_fan_out=True,
+            task_type="CAUSAL_LM"))
+        args = transformers.TrainingArguments(
+            output_dir=str(out), max_steps=max_steps, save_steps=2, report_to=[], use_cpu=True,
+            per_device_train_batch_size=4, learning_rate=1e-3, disable_tqdm=True, seed=0, logging_strategy="no")
+        ids = torch.randint(0, 64, (8, 12), generator=torch.Generator().manual_seed(0))
+        return transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids])
+
+    lora_trainer(tmp_path / "run", 4).train()
+    last = tmp_path / "run" / "checkpoint-4"
+    assert {"adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"} <= {
+        p.name for p in last.iterdir()}
+    state = json.loads((last / "trainer_state.json").read_text())
+    assert state["global_step"] == state["max_steps"] == 4
+    report = ckptfix.inspect(last)
+    assert report.ckpt.format == "peft-adapter"
+    (f,) = [f for f in report.findings if f.code == "CKF302"]
+    assert f.severity == "info" and report.exit_code == 0
+    assert f.message == ("param group(s) [0, 1] have lr=0 at step 4: the Trainer run's schedule finished "
+                         "(global_step 4 = max_steps)")
+    assert not [f for f in ckptfix.inspect(tmp_path / "run" / "checkpoint-2").findings if f.code == "CKF302"]
+
+    # what the finding says the Trainer does: resumed with a larger max_steps, the LR continues above 0
+    longer = lora_trainer(tmp_path / "run2", 8)
+    lrs = []
+    longer.add_callback(type("LrSeen", (transformers.TrainerCallback,), {
+        "on_step_begin": lambda self, args, state, control, optimizer=None, **kw: lrs.append(
+            optimizer.param_groups[0]["lr"])})())
+    longer.train(resume_from_checkpoint=str(last))
+    assert longer.state.global_step == 8 and lrs and all(lr > 0 for lr in lrs[1:])
+
+    # the negative: the same folder, its trainer_state.json saying the run goes on to step 8 (lr 0 mid-schedule)
+    mid = tmp_path / "mid"
+    shutil.copytree(last, mid)
+    (mid / "trainer_state.json").write_text(json.dumps({**state, "max_steps": 8}))
+    report = ckptfix.inspect(mid)
+    (f,) = [f for f in report.findings if f.code == "CKF302"]
+    assert f.severity == "error" and report.exit_code == 1 and f.message == "param group(s) [0, 1] have lr=0 at scheduler step 4"

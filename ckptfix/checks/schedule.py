@@ -77,8 +77,11 @@ def zero_lr(ctx: Context) -> Iterator[Finding]:
 
 
 def _hf_finished_at(ctx: Context) -> int | None:
-    """The step a Trainer checkpoint was saved at, when it is the end of its schedule (trainer_state.json)."""
-    state = ctx.ckpt.extras.get("trainer_state") if ctx.ckpt.format == "hf-trainer" else None
+    """The step a Trainer checkpoint was saved at, when it is the end of its schedule (trainer_state.json):
+    any folder whose trainer_state.json the reader kept, a full model's or a PEFT adapter's."""
+    from ckptfix.formats.hf_folder import TRAINER_STATE_FORMATS
+
+    state = ctx.ckpt.extras.get("trainer_state") if ctx.ckpt.format in TRAINER_STATE_FORMATS else None
     if not isinstance(state, dict):
         return None
     step, total = state.get("global_step"), state.get("max_steps")

@@ -20,7 +20,8 @@ from ckptfix.formats.pickle_records import OpaqueObject
 
 TRAINING_ARG_FIELDS = ("learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "max_steps",
                        "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
-                       "weight_decay", "fp16", "bf16", "max_grad_norm", "optim", "seed")
+                       "weight_decay", "fp16", "bf16", "max_grad_norm", "optim", "seed", "ignore_data_skip",
+                       "dataloader_drop_last", "auto_find_batch_size")
 
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
@@ -48,6 +49,11 @@ def sniff_model(path: str) -> bool:
 
 def read_adapter(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     return read(path, "peft-adapter", trust_pickle=trust_pickle)
+
+
+# the folder formats `read` reads, trainer_state.json included (kept as extras["trainer_state"]): a Trainer's
+# checkpoint-N of a full model or of a PEFT adapter, and a model folder holding one
+TRAINER_STATE_FORMATS = ("hf-trainer", "hf-model", "peft-adapter")
 
 
 def read_trainer(path: str, *, trust_pickle: bool = False) -> Checkpoint:
@@ -238,8 +244,21 @@ def _training_args(file: str) -> dict[str, Any]:
     if not isinstance(state, dict):
         return {"class": getattr(tree, "cls", type(tree).__name__)}
     out = {"class": tree.cls}
-    out.update({k: state[k] for k in TRAINING_ARG_FIELDS if isinstance(state.get(k), (int, float, str, bool))})
+    values = {k: _enum_value(state.get(k)) for k in TRAINING_ARG_FIELDS}
+    out.update({k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))})
+    kwargs = state.get("lr_scheduler_kwargs")  # the schedule's shape (cosine's num_cycles ...), when set
+    if isinstance(kwargs, dict) and kwargs and all(isinstance(v, (int, float, str, bool)) for v in kwargs.values()):
+        out["lr_scheduler_kwargs"] = {str(k): v for k, v in kwargs.items()}
     return out
+
+
+def _enum_value(value: Any) -> Any:
+    """A str enum member as its value: TrainingArguments keeps lr_scheduler_type as `SchedulerType("linear")`
+    (`optim` as `OptimizerNames(...)`), which the opaque reader records as the call, never made."""
+    if isinstance(value, OpaqueObject) and value.cls.startswith("transformers.") and len(value.args) == 1 \
+            and isinstance(value.args[0], str) and not value.kwargs and value.state is None:
+        return value.args[0]
+    return value
 
 
 def _training_arg(file: str, name: str) -> Any:
