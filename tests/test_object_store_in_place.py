@@ -222,10 +222,10 @@ def test_megatron_in_place_on_s3_and_restore(s3, tmp_path):
 
 
 def test_the_readme_block_runs(s3, tmp_path, tok64, big_dcp):
-    """README's "Repairing into object storage" commands, as written (the bucket and tokenizer substituted)."""
-    from test_docs import README, WRITE_BLOCK, _code_blocks
+    """docs/object-storage.md's "Repairing into object storage" commands, as written (the bucket and tokenizer substituted)."""
+    from test_docs import OBJECT_STORAGE, WRITE_BLOCK, _code_blocks
 
-    block = next(b for _, b in _code_blocks(README.read_text(encoding="utf-8")) if b.startswith(WRITE_BLOCK))
+    block = next(b for _, b in _code_blocks(OBJECT_STORAGE.read_text(encoding="utf-8")) if b.startswith(WRITE_BLOCK))
     s3.upload(str(big_dcp), s3.url("run/step-100/"))
     original = {k: s3.read(s3.url(f"run/step-100/{k}")) for k in s3.keys(s3.url("run/step-100/"))}
     env = {**os.environ, "PYTHONPATH": os.getcwd()}

@@ -681,14 +681,14 @@ def test_an_object_that_is_also_a_prefix_is_one_line(s3):
 
 
 def test_readme_object_storage_block_runs(s3, tmp_path, monkeypatch):
-    """README's object-storage block: each extra it names exists, and its commands run against the server
+    """The object-storage page's block (docs/object-storage.md): each extra it names exists, and its commands run against the server
     (`bucket` standing for the test's bucket)."""
     import shlex
 
-    from test_docs import README, _code_blocks
+    from test_docs import OBJECT_STORAGE, _code_blocks
     from tokenizer_factory import train_bpe_tokenizer_json
 
-    block = next(body for _, body in _code_blocks(README.read_text(encoding="utf-8")) if "ckptfix[s3]" in body)
+    block = next(body for _, body in _code_blocks(OBJECT_STORAGE.read_text(encoding="utf-8")) if "ckptfix[s3]" in body)
     pyproject = (ROOT / "pyproject.toml").read_text()
     extras = set(re.findall(r"(?m)^(\w+) = \[", pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0]))
     assert set(re.findall(r"\[(\w+)\]", block)) <= extras, extras
