@@ -4,6 +4,7 @@ The public verbs::
 
     ckptfix.inspect(path, tokenizer=None, scan=False)        -> Report
     ckptfix.repair(path, tokenizer, out, policy="remap", ...) -> RepairResult
+    ckptfix.repair(path, tokenizer, out, options=RepairOptions(policy="remap", ...))
     ckptfix.diff(a, b, atol=0.0)                              -> DiffReport
     ckptfix.convert(path, out)                                -> ConvertResult (loads with weights_only=True)
     ckptfix.latest_checkpoint(run_dir, scan=False)            -> Latest (the newest whole checkpoint of a run)
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from ckptfix.latest import latest_checkpoint as latest_checkpoint
     from ckptfix.surgery import RepairResult as RepairResult
     from ckptfix.surgery import repair as repair
+    from ckptfix.surgery.options import RepairOptions as RepairOptions
     from ckptfix.tokenizers import TokenizerInfo as TokenizerInfo
     from ckptfix.tokenizers import load_tokenizer as load_tokenizer
     from ckptfix.weights_only import ConvertResult as ConvertResult
@@ -52,6 +54,7 @@ _LAZY = {
     "read_checkpoint": "ckptfix.formats",
     "repair": "ckptfix.surgery",
     "RepairResult": "ckptfix.surgery",
+    "RepairOptions": "ckptfix.surgery.options",
     "diff": "ckptfix.compare",
     "DiffReport": "ckptfix.compare",
     "convert": "ckptfix.weights_only",

@@ -186,13 +186,15 @@ def repair(checkpoint: str, tokenizer: str, out: str | None, from_tokenizer: str
       ckptfix repair step-1000/ -t tok.model --in-place      (DCP; undo: ckptfix restore step-1000/)
     """
     from ckptfix.surgery import repair as run_repair
+    from ckptfix.surgery.options import RepairOptions
 
     if out is None and not dry_run and not in_place:
         raise click.UsageError("missing -o/--out (or pass --dry-run)")
-    result = run_repair(checkpoint, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
-                        pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
-                        trust_pickle=trust_pickle, seed=seed, in_place=in_place, keep_ids=keep_ids, keep=keep,
-                        own_rows=own_rows, progress=terminal_progress(quiet))
+    options = RepairOptions(from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
+                            pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
+                            trust_pickle=trust_pickle, seed=seed, in_place=in_place, keep_ids=keep_ids, keep=keep,
+                            own_rows=own_rows, progress=terminal_progress(quiet))
+    result = run_repair(checkpoint, tokenizer, out, options=options)
     if as_json:
         _emit_json(result.to_json())
     else:

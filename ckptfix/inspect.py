@@ -134,12 +134,13 @@ def _plan_audit(report: Report) -> Any:
         return None  # before the imports: the surgery package imports numpy, which inspect of metadata never needs
     from ckptfix.audit import audit
     from ckptfix.errors import CkptfixError
+    from ckptfix.surgery.options import RepairOptions
     from ckptfix.surgery.plan import make_plan
 
     old = report.old_tokenizer
     try:
         plan = make_plan(report, report.tokenizer, old.info if old is not None and old.origin == "given" else None,
-                         init="mean", format_notes=False)
+                         RepairOptions(init="mean"), format_notes=False)
     except CkptfixError:
         return None
     return audit(plan, report.mapping)

@@ -27,10 +27,13 @@ import os
 import posixpath
 import shutil
 import tempfile
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Callable
 
 from ckptfix.errors import RepairError
+
+if TYPE_CHECKING:
+    from ckptfix.surgery.options import RepairOptions
 
 MIN_PART = 5 << 20  # S3: every part of a multipart upload but the last has at least 5 MiB
 MAX_COPY_PART = 5 << 30  # S3: one UploadPartCopy copies at most 5 GiB
@@ -330,17 +333,18 @@ def _stream(fs: Any, local: str, key: str, segments: list[Segment], done: Publis
                 done.uploaded += len(data)
 
 
-def repair_to_object_store(repair: Callable[..., Any], source: str, tokenizer: Any, out_url: str, *,
-                           force: bool, dry_run: bool, **options: Any) -> Any:
-    """`repair(source, tokenizer, OUT)` with OUT in object storage: the ordinary repair (read, plan, audit,
-    write, verify) into a private staging folder, then `publish` (module doc)."""
+def repair_to_object_store(repair: Callable[..., Any], source: str, tokenizer: Any, out_url: str,
+                           options: RepairOptions) -> Any:
+    """`repair(source, tokenizer, OUT, options)` with OUT in object storage: the ordinary repair (read, plan,
+    audit, write, verify) into a private staging folder, then `publish` (module doc)."""
     import ckptfix.remote as remote
 
+    dry_run = options.dry_run
     fs, root = remote.filesystem(out_url)
     root = root.rstrip("/")
     shown = remote._shown_url(out_url)
     if not dry_run:
-        if force:
+        if options.force:
             raise RepairError(f"{shown}: --force does not replace objects in object storage; name a new OUT "
                               "prefix (or delete the old one first)")
         try:
@@ -354,7 +358,7 @@ def repair_to_object_store(repair: Callable[..., Any], source: str, tokenizer: A
         local_out = os.path.join(staging, posixpath.basename(root) or "out")
         provenance = Provenance(staging)
         with remote.recording_copies(provenance):
-            result = repair(source, tokenizer, local_out, dry_run=dry_run, force=False, **options)
+            result = repair(source, tokenizer, local_out, replace(options, force=False))
         if dry_run or result.output is None:
             result.output = out_url if dry_run else None
             return result
@@ -389,7 +393,7 @@ def _inodes(folder: str) -> dict[str, int]:
 
 
 def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: str, tokenizer: Any, out: Any,
-                                    **options: Any) -> Any:
+                                    options: RepairOptions) -> Any:
     """`repair --in-place` of a DCP/Megatron/sharded-safetensors prefix: the in-place writer works on the
     prefix's sparse mirror (fetching what it reads), then only what it added or replaced is published: new
     data files (their unchanged ranges copied inside the store), the backups (`NAME.ckptfix-bak`: a
@@ -405,13 +409,13 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
     if mirror is None or not os.path.isdir(folder):
         # one object: the local repair's own refusal of its format (read, nothing written), so an s3:// file
         # is refused with the line its local copy gets; the line below only if that ever let one through
-        repair_in_place(folder, tokenizer, None, **{**options, "dry_run": True})
+        repair_in_place(folder, tokenizer, None, replace(options, dry_run=True))
         raise RepairError(f"{remote._shown_url(url)}: --in-place needs a prefix (a DCP, Megatron or sharded "
                           "safetensors folder), not one object")
     before = _inodes(folder)
     provenance = Provenance(folder)
     with remote.recording_copies(provenance):
-        result = repair_in_place(folder, tokenizer, None, **options)
+        result = repair_in_place(folder, tokenizer, None, options)
     if result.dry_run or result.output is None:
         result.output = mirror.url if result.dry_run else None
         return result

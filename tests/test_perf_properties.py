@@ -352,7 +352,7 @@ def test_stream_and_produce_give_the_same_tensor(ckpt, tokenizer, init):
     from ckptfix.tokenizers import load_tokenizer
 
     tok = load_tokenizer(str(tokenizer))
-    plan = make_plan(analyse(ckptfix.read_checkpoint(str(ckpt)), tok), tok, init=init)
+    plan = make_plan(analyse(ckptfix.read_checkpoint(str(ckpt)), tok), tok, options=ckptfix.RepairOptions(init=init))
     edits = list(plan.weights.values()) + list(plan.moments.values())
     assert len(edits) == 6
     g_stream, g_produce = np.random.default_rng(7), np.random.default_rng(7)

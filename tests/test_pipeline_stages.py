@@ -94,8 +94,8 @@ def test_repair_runs_each_stage_once_in_order_and_reads_each_tokenizer_once(file
     assert calls.tokenizers == {str(Path(new).resolve()): 1, str(Path(old).resolve()): 1}
     # what the caller passed reaches the plan in its one call, as passed
     assert len(calls.plans) == 1
-    assert {k: calls.plans[0][k] for k in ("policy", "init", "keep")} == \
-        {"policy": "remap", "init": "mean", "keep": ("nothing.here",)}
+    options = calls.plans[0]["options"]
+    assert (options.policy, options.init, options.keep) == ("remap", "mean", ("nothing.here",))
     assert result.plan.target_rows == NEW and result.plan.rows_by == "token"
 
 

@@ -348,6 +348,7 @@ def _vocab_plan(ckpt: Any, analysis: Any, names: list[str], live: Live, keys: di
                 policy: str) -> tuple[Any, str]:
     """The `ckptfix repair` plan to the model's row count (None and why, if impossible)."""
     from ckptfix.errors import CkptfixError
+    from ckptfix.surgery.options import RepairOptions
     from ckptfix.surgery.plan import make_plan
 
     bias = {v.name for v in analysis.vocab if v.role == "head-bias"}
@@ -357,7 +358,8 @@ def _vocab_plan(ckpt: Any, analysis: Any, names: list[str], live: Live, keys: di
     try:
         tok = live.tokenizer
         target = _Target(targets.pop(), tok.path if tok is not None else "<live model>", tok)
-        plan = make_plan(analysis, target, live.from_tokenizer, policy=policy, format_notes=False, exact_rows=True)
+        plan = make_plan(analysis, target, live.from_tokenizer, RepairOptions(policy=policy), format_notes=False,
+                         exact_rows=True)
     except CkptfixError as exc:
         return None, str(exc)
     return plan, ""

@@ -20,6 +20,7 @@ from ckptfix.formats import read_checkpoint
 from ckptfix.inspect import analyse
 from ckptfix.io import BackgroundHash, check_output_path, output_target
 from ckptfix.record import REPAIR_SCHEMA, Record, TokenizerRef
+from ckptfix.surgery.options import RepairOptions
 from ckptfix.surgery.plan import RepairPlan, make_plan
 from ckptfix.surgery.undo import restore
 from ckptfix.verify import VerifyFailed, undo_write, verify_output
@@ -69,7 +70,8 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
            std: float = 0.02, pad_to_multiple_of: int | None = None, dry_run: bool = False, force: bool = False,
            trust_pickle: bool = False, seed: int = 0, in_place: bool = False, keep_ids: bool = False,
            keep: Iterable[str] = (), own_rows: int | None = None,
-           progress: Callable[[Iterable, int, str], Iterable] | None = None) -> RepairResult:
+           progress: Callable[[Iterable, int, str], Iterable] | None = None,
+           options: RepairOptions | None = None) -> RepairResult:
     """Fit a checkpoint to `tokenizer` and write it to `out` in the same format.
 
     policy: "remap" (the default: every optimizer state follows its rows by what it means, or repair stops
@@ -84,36 +86,45 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     `out` may equal the input only with `force`; the original is then kept as a `.bak`.
     `in_place` (DCP and sharded HF folders): rewrite only what changes inside the source folder, keeping
     the previous metadata/index as a backup that `ckptfix restore` puts back; `out` must then be omitted.
+    `options`: all of the above as one `RepairOptions` value, instead of the keywords (not together with them).
 
     The stages, once each and in this order: read, analyse, plan, audit (every value that carries the old
     vocab size is changed, kept with a reason, or repair refuses: `ckptfix.audit`), write, verify (OUT read
     back and compared with the plan: `ckptfix.verify`; on a difference OUT is removed and VerifyFailed raised).
     """
-    if out is not None and not in_place and _is_url(out):  # staged here, then published (ckptfix.publish)
+    given = RepairOptions(from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
+                          pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run, force=force,
+                          trust_pickle=trust_pickle, seed=seed, in_place=in_place, keep_ids=keep_ids, keep=tuple(keep),
+                          own_rows=own_rows, progress=progress)
+    if options is not None and given != RepairOptions():
+        raise TypeError("repair() takes its options either as options=RepairOptions(...) or as keywords, not both")
+    return _repair_with(checkpoint, tokenizer, out, options if options is not None else given)
+
+
+def _repair_with(checkpoint: str | os.PathLike, tokenizer: Any, out: str | os.PathLike | None,
+                options: RepairOptions) -> RepairResult:
+    """`repair` with its options as one value: to object storage, in place, or into a new local path."""
+    if out is not None and not options.in_place and _is_url(out):  # staged here, then published (ckptfix.publish)
         from ckptfix.publish import repair_to_object_store
 
-        return repair_to_object_store(repair, os.fspath(checkpoint), tokenizer, os.fspath(out), force=force,
-                                      dry_run=dry_run, from_tokenizer=from_tokenizer, policy=policy, init=init,
-                                      std=std, pad_to_multiple_of=pad_to_multiple_of, trust_pickle=trust_pickle,
-                                      seed=seed, keep_ids=keep_ids, keep=keep, own_rows=own_rows, progress=progress)
-    if in_place and _is_url(checkpoint):  # written on the prefix's mirror, then published (ckptfix.publish)
+        return repair_to_object_store(_repair_with, os.fspath(checkpoint), tokenizer, os.fspath(out), options)
+    if options.in_place and _is_url(checkpoint):  # written on the prefix's mirror, then published (ckptfix.publish)
         from ckptfix.publish import repair_in_place_in_object_store
 
-        return repair_in_place_in_object_store(_repair_in_place, os.fspath(checkpoint), tokenizer, out,
-                                               from_tokenizer=from_tokenizer, policy=policy, init=init, std=std,
-                                               pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
-                                               trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids,
-                                               keep=tuple(keep), own_rows=own_rows, progress=progress)
+        return repair_in_place_in_object_store(_repair_in_place, os.fspath(checkpoint), tokenizer, out, options)
     source = os.fspath(checkpoint)
     if "://" in str(source):  # a URL: read through its sparse local mirror (ckptfix.remote)
         from ckptfix.remote import local_path
 
         source = local_path(source)
-    if in_place:
-        return _repair_in_place(source, tokenizer, out, from_tokenizer=from_tokenizer, policy=policy, init=init,
-                                std=std, pad_to_multiple_of=pad_to_multiple_of, dry_run=dry_run,
-                                trust_pickle=trust_pickle, seed=seed, keep_ids=keep_ids, keep=tuple(keep),
-                                own_rows=own_rows, progress=progress)
+    if options.in_place:
+        return _repair_in_place(source, tokenizer, out, options)
+    return _repair_into(source, tokenizer, out, options)
+
+
+def _repair_into(source: str, tokenizer: Any, out: str | os.PathLike | None, options: RepairOptions) -> RepairResult:
+    """Every stage into OUT, a new local path (or the input itself with `force`, keeping a `.bak`)."""
+    dry_run, force = options.dry_run, options.force
     if not dry_run and out is not None:  # refused before anything is read, hashed or written
         check_output_path(source, os.fspath(out), force=force)
     # The source's sha256 (for the record) is the slowest part of a streamed repair: start it first,
@@ -126,9 +137,7 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
     new_hasher = (lambda: _NotHashed()) if staged else (lambda: BackgroundHash(source, paced=paced))
     hasher = new_hasher() if writes else None
     try:
-        plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, tuple(keep), own_rows,
-                                        policy=policy, init=init, std=std, pad_to_multiple_of=pad_to_multiple_of,
-                                        keep_ids=keep_ids)
+        plan = _read_analyse_plan_audit(source, tokenizer, options)
         ckpt = plan.ckpt
         # looked up before --dry-run returns: a dry run never says "would write" for what the real run refuses
         writer = None if plan.is_noop() else _writer_for(ckpt.format, ckpt.path)
@@ -149,9 +158,10 @@ def repair(checkpoint: str | os.PathLike, tokenizer: str | os.PathLike, out: str
             hashed = final or isinstance(hasher, _NotHashed)
             return build_record(plan, hasher.result() if hashed else SHA256_PLACEHOLDER)
 
-        backup = writer(plan, out, record_fn, rng=np.random.default_rng(seed), in_place=same_path, progress=progress)
-        _verify(plan, out, trust_pickle, lambda: undo_write(out, backup, same_path=same_path,
-                                                            sidecar=f"{out}.ckptfix.json" if _writes_sidecar(ckpt) else None))
+        backup = writer(plan, out, record_fn, rng=np.random.default_rng(options.seed), in_place=same_path,
+                        progress=options.progress)
+        _verify(plan, out, options.trust_pickle, lambda: undo_write(out, backup, same_path=same_path,
+                                                                    sidecar=f"{out}.ckptfix.json" if _writes_sidecar(ckpt) else None))
         return RepairResult(plan, out, False, build_record(plan, hasher.result()), backup=backup)
     finally:
         if hasher is not None:  # stop it pacing itself behind a copy that is not coming
@@ -206,22 +216,21 @@ def _spelled(text: str) -> str:
     return remote.shown(text) if remote is not None else text
 
 
-def _read_analyse_plan_audit(source: str, tokenizer: Any, from_tokenizer: Any, trust_pickle: bool,
-                             keep: tuple[str, ...], own_rows: int | None, formats: tuple[str, ...] | None = None,
-                             **options: Any) -> RepairPlan:
+def _read_analyse_plan_audit(source: str, tokenizer: Any, options: RepairOptions,
+                             formats: tuple[str, ...] | None = None) -> RepairPlan:
     """The stages before writing: read, analyse, plan, audit (a refusal naming every value nobody accounts
     for). `formats`: the formats this repair accepts (--in-place), checked as soon as the checkpoint is read."""
     from ckptfix.audit import audit
     from ckptfix.tokenizers import load_tokenizer
 
-    ckpt = read_checkpoint(source, trust_pickle=trust_pickle)
+    ckpt = read_checkpoint(source, trust_pickle=options.trust_pickle)
     if formats is not None and ckpt.format not in formats:
         raise RepairError(f"--in-place supports {', '.join(formats)} folders, not {ckpt.format}; "
                           "repair into a new path with -o")
     tok = load_tokenizer(tokenizer)
-    old_tok = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-    report = analyse(ckpt, tok, from_tokenizer=old_tok, own_rows=own_rows)
-    plan = make_plan(report, tok, old_tok, keep=keep, **options)
+    old_tok = load_tokenizer(options.from_tokenizer) if options.from_tokenizer is not None else None
+    report = analyse(ckpt, tok, from_tokenizer=old_tok, own_rows=options.own_rows)
+    plan = make_plan(report, tok, old_tok, options=options)
     if not plan.is_noop():  # a format repair cannot write says so first (DeepSpeed ZeRO: the conversion command)
         _writer_for(ckpt.format, ckpt.path)
     result = audit(plan, report.mapping)
@@ -257,29 +266,25 @@ def _in_place_writer(fmt: str) -> Callable[..., str | None]:
     return write_hf_in_place
 
 
-def _repair_in_place(source: str, tokenizer: Any, out: Any, *, from_tokenizer: Any, policy: str | None, init: str | None,
-                     std: float, pad_to_multiple_of: int | None, dry_run: bool, trust_pickle: bool,
-                     seed: int, keep_ids: bool = False, keep: tuple[str, ...] = (), own_rows: int | None = None,
-                     progress: Any = None) -> RepairResult:
+def _repair_in_place(source: str, tokenizer: Any, out: Any, options: RepairOptions) -> RepairResult:
     """Only what changes is written, into the source itself. The source is not hashed for the record
     (that would read the whole folder, the cost in-place exists to avoid)."""
     if out is not None and os.path.abspath(os.fspath(out)) != os.path.abspath(source):
         raise RepairError("--in-place writes into the checkpoint itself; drop -o/--out")
     from ckptfix.surgery.undo import finish_interrupted
 
+    dry_run = options.dry_run
     undone = [] if dry_run or not os.path.isdir(source) else finish_interrupted(source)  # before it is read
-    plan = _read_analyse_plan_audit(source, tokenizer, from_tokenizer, trust_pickle, keep, own_rows, policy=policy,
-                                    init=init, std=std, pad_to_multiple_of=pad_to_multiple_of, keep_ids=keep_ids,
-                                    formats=IN_PLACE_FORMATS)
+    plan = _read_analyse_plan_audit(source, tokenizer, options, formats=IN_PLACE_FORMATS)
     plan.notes[:0] = undone
     ckpt = plan.ckpt
     writer = None if plan.is_noop() else _in_place_writer(ckpt.format)
     if dry_run or writer is None:
         notes = [] if dry_run else ["nothing to change: the checkpoint already fits the tokenizer; nothing written"]
         return RepairResult(plan, source if dry_run else None, dry_run, build_record(plan, None), notes=notes)
-    backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(seed), in_place=True,
-                    progress=progress)
-    _verify(plan, source, trust_pickle, lambda: "the folder was put back (" + "; ".join(restore(source)) + ")")
+    backup = writer(plan, source, lambda: build_record(plan, None), rng=np.random.default_rng(options.seed),
+                    in_place=True, progress=options.progress)
+    _verify(plan, source, options.trust_pickle, lambda: "the folder was put back (" + "; ".join(restore(source)) + ")")
     return RepairResult(plan, source, False, build_record(plan, None), backup=backup)
 
 

@@ -27,6 +27,7 @@ from ckptfix.optim_state import Refusal, action_for, describe, state_keys, unrem
 from ckptfix.policies import REPAIR_POLICIES, canonical
 from ckptfix.recorded import find_recorded, megatron_padding, model_token_ids, recorded_padding, recorded_rows, updates
 from ckptfix.surgery.blockwise import BLOCKSIZE, BlockwiseRows, blocks_for
+from ckptfix.surgery.options import RepairOptions
 from ckptfix.surgery.pieces import piece_rows, why_no_segmenter
 from ckptfix.surgery.rows import (
     RowPlan,
@@ -40,8 +41,8 @@ from ckptfix.surgery.rows import (
 from ckptfix.vocab import near, rows_on_last_axis, separate_tensors, vocab_rows
 
 POLICIES = REPAIR_POLICIES
-INITS = ("pieces", "mean", "zeros", "normal")
 DEFAULT_SCALE = 65536.0
+DEFAULT_OPTIONS = RepairOptions()  # frozen: one value every caller may share
 
 
 @dataclass
@@ -235,11 +236,11 @@ def default_init(tokenizer: Any, from_tokenizer: Any) -> str:
     return "pieces" if from_tokenizer is not None else "mean"
 
 
-def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str | None = None,
-              init: str | None = None, std: float = 0.02, pad_to_multiple_of: int | None = None,
-              keep_ids: bool = False, format_notes: bool = True, exact_rows: bool = False,
-              keep: tuple[str, ...] = ()) -> RepairPlan:
-    """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer.
+def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, options: RepairOptions = DEFAULT_OPTIONS, *,
+              format_notes: bool = True, exact_rows: bool = False) -> RepairPlan:
+    """Decide every edit from an inspect `Report` of the checkpoint and the target tokenizer, as `options`
+    ask (validated when they were made: `RepairOptions`; its `policy`, `init`, `std`, `pad_to_multiple_of`,
+    `keep_ids` and `keep` are the ones a plan reads).
 
     Every note of a repair is decided here, so `--dry-run` shows it: the format's own (`Format.notes`
     in `ckptfix.formats.FORMATS`) too, unless `format_notes` is off (the guard resizes in memory).
@@ -251,17 +252,12 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
     `keep`: paths the user says are not indexed by this tokenizer's ids (a separate vocabulary, a count that
     only happens to equal the vocab size): left out of the plan; `ckptfix.audit` reports them as kept."""
     ckpt = report.ckpt
-    from_tokenizer, rows_by, identity_notes = _old_tokenizer(report, tokenizer, from_tokenizer, keep_ids)
-    asked = policy is not None
-    policy = canonical(policy) if policy else default_policy(ckpt)
+    keep, pad_to_multiple_of = options.keep, options.pad_to_multiple_of
+    from_tokenizer, rows_by, identity_notes = _old_tokenizer(report, tokenizer, from_tokenizer, options.keep_ids)
+    asked = options.policy is not None
+    policy = canonical(options.policy) if options.policy else default_policy(ckpt)
     refused: list[Refusal] = []
-    init = init or default_init(tokenizer, from_tokenizer)
-    if policy not in POLICIES:
-        raise RepairError(f"unknown --policy {policy!r} (choose {', '.join(POLICIES)})")
-    if init not in INITS:
-        raise RepairError(f"unknown --init {init!r} (choose {', '.join(INITS)})")
-    if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
-        raise RepairError("--pad-to-multiple-of must be a positive integer")
+    init = options.init or default_init(tokenizer, from_tokenizer)
     named = {v.name: "kept as asked (--keep): not indexed by this tokenizer's ids" for v in report.vocab if v.name in keep}
     kept = {**separate_tensors(ckpt), **named}
     vocab = [v for v in report.vocab if v.tied_to is None and v.name not in kept]
@@ -291,7 +287,7 @@ def make_plan(report, tokenizer: Any, from_tokenizer: Any = None, *, policy: str
         target = -(-tokenizer.size // recorded_multiple) * recorded_multiple  # litgpt's own find_multiple
         why = (f"rows: {target} for {tokenizer.size} tokens (padding rule: the padding_multiple {recorded_multiple} "
                "the checkpoint records beside its padded_vocab_size)")
-    plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, std, target,
+    plan = RepairPlan(ckpt, tokenizer, from_tokenizer, policy, init, options.std, target,
                       findings_before=list(report.findings), notes=[why, *identity_notes], rows_by=rows_by,
                       keep=tuple(keep), kept=kept)
     plans: dict[int, RowPlan] = {}

@@ -101,7 +101,7 @@ def fill_for(init: str, role: str = "embedding", tied: bool = False) -> str:
         return "drawn"
     if init == "pieces" and (role in ("head", "head-bias") or tied):
         return "pieces-head"
-    return init  # checked against plan.INITS when the plan was made
+    return init  # checked against options.INITS when the RepairOptions were made
 
 
 def drawn_ids(rows: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
