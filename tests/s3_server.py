@@ -150,6 +150,16 @@ class _Rule:
     error: tuple[int, str] | None = None
     reached: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
+    times: int | None = None  # applied to the first `times` matching requests only (None: all)
+    cut: bool = False  # serve the request but send only half of its body, then stop (a connection dropped)
+    applied: int = 0
+
+    def take(self, request: Request) -> bool:
+        """Whether the rule applies to `request` (counting it against `times`)."""
+        if (self.times is not None and self.applied >= self.times) or not self.matches(request):
+            return False
+        self.applied += 1
+        return True
 
 
 class _CountingApp:
@@ -169,15 +179,28 @@ class _CountingApp:
         request.bytes_in = int(environ.get("CONTENT_LENGTH") or 0)
         with self.counter.lock:
             self.counter.requests.append(request)
+        cut = False
         for rule in list(self.rules):
-            if rule.matches(request):
+            if rule.take(request):
                 rule.reached.set()
                 if rule.error is not None:
                     return self._error(rule.error, environ, start_response)
+                if rule.cut:
+                    cut = True
+                    continue
                 rule.release.wait(60)
         request.copied = _copy_size(request)
         body = self.app(environ, start_response)
-        return self._counted(body, request)
+        return self._cut(body, request) if cut else self._counted(body, request)
+
+    @staticmethod
+    def _cut(body: Any, request: Request) -> Iterator[bytes]:
+        """Half the body, then an exception: the server closes the connection short of its Content-Length."""
+        data = b"".join(body)
+        getattr(body, "close", lambda: None)()
+        request.bytes_out += len(data) // 2
+        yield data[: len(data) // 2]
+        raise ConnectionAbortedError("cut by the test")
 
     @staticmethod
     def _error(error: tuple[int, str], environ: dict, start_response: Any) -> list[bytes]:
@@ -278,6 +301,20 @@ class S3Server:
         self.app.rules.append(rule)
         try:
             yield rule.reached
+        finally:
+            self.app.rules.remove(rule)
+
+    @contextlib.contextmanager
+    def fail(self, matches: Callable[[Request], bool], status: int = 503, code: str = "SlowDown",
+             times: int | None = None, cut: bool = False) -> Iterator[_Rule]:
+        """A fault schedule while the block runs: the first `times` requests matching `matches` (all when
+        None) are answered with an S3 error, or (`cut`) served with half their body before the connection
+        drops. Yields the rule (`applied`: how many requests it hit)."""
+        rule = _Rule(matches, error=None if cut else (status, code), times=times, cut=cut)
+        assert self.app is not None
+        self.app.rules.append(rule)
+        try:
+            yield rule
         finally:
             self.app.rules.remove(rule)
 

@@ -252,7 +252,9 @@ def test_hf_trainer_checkpoint(trainer_checkpoint):
     assert data["extras"]["training_args"] == {
         "class": "transformers.training_args.TrainingArguments", "learning_rate": 1e-3, "warmup_steps": 1,
         "max_steps": 3, "num_train_epochs": 3.0, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1,
-        "weight_decay": 0.01, "fp16": False, "bf16": False, "max_grad_norm": 1.0, "seed": 7} | (
+        "weight_decay": 0.01, "fp16": False, "bf16": False, "max_grad_norm": 1.0, "seed": 7,
+        "lr_scheduler_type": "linear", "ignore_data_skip": False, "dataloader_drop_last": False,
+        "auto_find_batch_size": False} | (
         {"optim": data["extras"]["training_args"]["optim"]} if "optim" in data["extras"]["training_args"] else {})
     assert "training_args.bin is a pickled class: read statically, never unpickled" in data["notes"]
     assert "1 rng_state file(s) read as data (RNG state only)" in data["notes"]

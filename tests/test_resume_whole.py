@@ -98,15 +98,14 @@ def test_hf_callback_lets_a_whole_resume_run(trainer_run, tmp_path):
     assert trainer.state.global_step == 8
 
 
-from test_repair_hf import run as hf_run  # noqa: E402 (a real Trainer run at checkpoint-3 and a grown tokenizer)
 
 
 def test_a_reset_repair_is_neither_a_finding_nor_refused(hf_run, tmp_path):
     """`repair --policy reset` removes optimizer.pt and scheduler.pt on purpose (its record says so): inspect
     has no CKF310 and the callback lets the Trainer resume from it (the re-warm warning only)."""
-    import ckptfix
     from test_repair_hf import dataset, targs
 
+    import ckptfix
     from ckptfix.guard import TrainingSetupWarning
     from ckptfix.integrations.transformers import ResumeGuardCallback
 

@@ -15,6 +15,7 @@ from typing import Iterable
 # each check module registers its codes when imported
 import ckptfix.checks.adapters  # noqa: F401
 import ckptfix.checks.audit  # noqa: F401
+import ckptfix.checks.data_position  # noqa: F401
 import ckptfix.checks.guard  # noqa: F401
 import ckptfix.checks.identity  # noqa: F401
 import ckptfix.checks.integrity  # noqa: F401

@@ -45,6 +45,7 @@ class Context:
     verify: bool = False
     progress: Callable[[Iterable, int, str], Iterable] | None = None
     old_tokenizer: Any = None  # identity.OldTokenizer: the tokenizer the rows belong to, when known
+    resume: Any = None  # data_position.ResumeWith: the settings a resume will use (CKF314), when given
 
     def repair_command(self, *extra: str) -> str:
         """The `ckptfix repair` line that fixes this checkpoint, with a sensible output path, quoted for a
