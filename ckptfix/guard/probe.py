@@ -4,12 +4,14 @@ and then turns itself into a no-op."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from ckptfix.guard.problems import Problem, report_problems
+from ckptfix.guard.ranks import counts_once, gather, is_dtensor, local
 from ckptfix.guard.setup import (
     _lr_by_param,
     _param_ids_in,
@@ -27,18 +29,76 @@ def _dense(grad: torch.Tensor) -> torch.Tensor:
     return grad.coalesce().values() if grad.is_sparse else grad
 
 
-def _lora_a_zero_expected(name: str, params: dict[str, torch.nn.Parameter]) -> bool:
-    """True if `name` is a LoRA A matrix whose B partner is still all zero.
+_LORA_PAIRS = (("lora_A", "lora_B"), ("lora_embedding_A", "lora_embedding_B"))
+
+
+def _lora_partner(name: str) -> str | None:
+    """The name of the LoRA B matrix paired with the A matrix `name` (None: `name` is no LoRA A)."""
+    segments = name.split(".")
+    for a, b in _LORA_PAIRS:
+        if a in segments:
+            return ".".join(b if s == a else s for s in segments)
+    return None
+
+
+def _lora_a_zero_expected(name: str, params: dict[str, torch.nn.Parameter], nonzero_weights: set[str]) -> bool:
+    """True if `name` is a LoRA A matrix whose B partner is still all zero (`nonzero_weights`: the
+    partners whose weights are not, agreed over ranks).
 
     peft initialises lora_B to zero, so the gradient of lora_A (dL/dA = B^T ...) is exactly
     zero on the first step; it becomes non-zero once lora_B has moved. That is correct training.
     """
-    segments = name.split(".")
-    for a, b in (("lora_A", "lora_B"), ("lora_embedding_A", "lora_embedding_B")):
-        if a in segments:
-            partner = params.get(".".join(b if s == a else s for s in segments))
-            return partner is not None and not bool(partner.detach().any())
-    return False
+    partner = _lora_partner(name)
+    return partner is not None and partner in params and partner not in nonzero_weights
+
+
+def _merge(values: Sequence[int], sharded: bool) -> int:
+    """One number from every rank's: a sharded tensor's pieces add up; a replica's (DDP) are the same
+    number on every rank, and where they are not, the worst rank's is the one to report."""
+    return sum(values) if sharded else max(values)
+
+
+@dataclass
+class _Grads:
+    """One step's gradients as every rank sees them after the agreement (global counts)."""
+
+    trainable: list[str]
+    present: set[str] = field(default_factory=set)  # got a gradient (on some rank)
+    nonfinite: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (non-finite, elements)
+    nonzero: set[str] = field(default_factory=set)  # a non-zero gradient element (on some rank)
+    nonzero_weights: set[str] = field(default_factory=set)  # LoRA B partners not all zero
+
+
+def _grad_row(p: torch.nn.Parameter) -> list[int]:
+    """This rank's numbers for one gradient: present, non-finite, elements (both counted once per
+    element of the whole tensor), any non-zero. Local piece only: nothing here is a collective."""
+    if p.grad is None:
+        return [0, 0, 0, 0]
+    piece = _dense(local(p.grad))
+    once = counts_once(p.grad)
+    bad = int((~torch.isfinite(piece)).sum()) if once else 0
+    return [1, bad, piece.numel() if once else 0, int(bool(piece.any()))]
+
+
+def _grad_stats(trainable: dict[str, torch.nn.Parameter], params: dict[str, torch.nn.Parameter]) -> _Grads:
+    """The gradient facts of this step, agreed over ranks in one all_reduce (`ranks.gather`)."""
+    names = list(trainable)
+    partners = sorted({b for n in names if (b := _lora_partner(n)) is not None and b in params})
+    row = [v for n in names for v in _grad_row(trainable[n])]
+    row += [int(bool(local(params[b].detach()).any())) for b in partners]
+    column = list(zip(*gather(row)))  # column[i]: every rank's value i
+    out = _Grads(names)
+    for k, name in enumerate(names):
+        sharded = is_dtensor(trainable[name])
+        if max(column[4 * k]):
+            out.present.add(name)
+            bad, elements = _merge(column[4 * k + 1], sharded), _merge(column[4 * k + 2], sharded)
+            if bad:
+                out.nonfinite[name] = (bad, elements)
+        if max(column[4 * k + 3]):
+            out.nonzero.add(name)
+    out.nonzero_weights = {b for j, b in enumerate(partners) if max(column[4 * len(names) + j])}
+    return out
 
 
 class StepProbe:
@@ -68,6 +128,11 @@ class StepProbe:
     comparison proves that a step changed nothing; for LoRA it is tiny, for full fine-tuning it
     is one extra copy of the weights, on their device, for the duration of one optimizer step.
     After the window every hook returns immediately.
+
+    On several ranks (torchrun: FSDP2's DTensors, DDP) every rank must call the hooks, as it calls
+    optimizer.step(): each tests its own piece (a DTensor's local shard), and after_backward and
+    after_step each agree over ranks in one all_reduce, so every rank reports the same findings with
+    counts over the whole tensor. The snapshot is of the local piece only.
     """
 
     def __init__(
@@ -110,11 +175,13 @@ class StepProbe:
         if not self.active or self._backward_checked:
             return []
         self._backward_checked = True
-        trainable = {n: p for n, p in named_params(self.model).items() if p.requires_grad}
-        problems = self._check_grads_present(trainable)
+        params = named_params(self.model)
+        trainable = {n: p for n, p in params.items() if p.requires_grad}
         with torch.no_grad():
-            problems += self._check_grads_finite(trainable)
-            problems += self._check_grads_nonzero(trainable)
+            grads = _grad_stats(trainable, params)
+        problems = self._check_grads_present(grads)
+        problems += self._check_grads_finite(grads)
+        problems += self._check_grads_nonzero(grads, params)
         return self._emit(problems)
 
     def before_step(self) -> None:
@@ -134,7 +201,8 @@ class StepProbe:
         if not self.active:
             return []
         problems: list[Problem] = []
-        if self._was_skipped():
+        skipped, stuck = self._step_outcome()
+        if skipped:
             self._skipped += 1
             why = ("the GradScaler found inf/NaN gradients and lowered its scale; normal for the "
                    "first steps while the scale calibrates" if scaler_enabled(self.scaler)
@@ -143,7 +211,7 @@ class StepProbe:
                 "CKF815", "warning", f"optimizer step {self.steps_done + 1} was skipped ({why}).",
             ))
         else:
-            problems += self._check_weights_changed()
+            problems += self._check_weights_changed(stuck)
         self._snapshot, self._step_before = {}, {}
         self._backward_checked = False
         self.steps_done += 1
@@ -153,9 +221,10 @@ class StepProbe:
 
     # -- gradient checks ------------------------------------------------------------------------
 
-    def _check_grads_present(self, trainable: dict[str, torch.nn.Parameter]) -> list[Problem]:
+    def _check_grads_present(self, grads: _Grads) -> list[Problem]:
         """CKF810: no gradient at all (graph cut); CKF811: some trainable params got none."""
-        missing = [n for n, p in trainable.items() if p.grad is None]
+        trainable = grads.trainable
+        missing = [n for n in trainable if n not in grads.present]
         if trainable and len(missing) == len(trainable):
             return [Problem(
                 "CKF810", "error",
@@ -179,17 +248,11 @@ class StepProbe:
             tuple(missing),
         )]
 
-    def _check_grads_finite(self, trainable: dict[str, torch.nn.Parameter]) -> list[Problem]:
-        """CKF812: NaN/Inf gradients. Under an enabled GradScaler an overflow only skips the
-        step (a warning here; CKF815 turns it into an error if every probed step is skipped)."""
-        bad: list[str] = []
-        for name, p in trainable.items():
-            if p.grad is None:
-                continue
-            g = _dense(p.grad)
-            count = int((~torch.isfinite(g)).sum().item())
-            if count:
-                bad.append(f"{name} ({count} of {g.numel()})")
+    def _check_grads_finite(self, grads: _Grads) -> list[Problem]:
+        """CKF812: NaN/Inf gradients (counts over the whole tensor, all ranks' shards). Under an enabled
+        GradScaler an overflow only skips the step (a warning here; CKF815 turns it into an error if
+        every probed step is skipped)."""
+        bad = [f"{name} ({count} of {elements})" for name, (count, elements) in grads.nonfinite.items()]
         if not bad:
             return []
         if scaler_enabled(self.scaler):
@@ -207,7 +270,7 @@ class StepProbe:
             tuple(bad),
         )]
 
-    def _check_grads_nonzero(self, trainable: dict[str, torch.nn.Parameter]) -> list[Problem]:
+    def _check_grads_nonzero(self, grads: _Grads, params: dict[str, torch.nn.Parameter]) -> list[Problem]:
         """CKF813 (error): every gradient of this step is exactly zero.
 
         Single parameters with a zero gradient are *not* judged per step: peft's lora_A has an
@@ -215,11 +278,10 @@ class StepProbe:
         They are only reported (as a warning) at the end of the window if their gradient was
         zero, for no such known reason, on every probed step; see `_window_summary`.
         """
-        with_grad = {n: p for n, p in trainable.items() if p.grad is not None}
-        nonzero = {n for n, p in with_grad.items() if p.grad is not None and bool(_dense(p.grad).any())}
-        params = named_params(self.model)
+        with_grad = [n for n in grads.trainable if n in grads.present]
+        nonzero = grads.nonzero
         unexplained = {n for n in with_grad
-                       if n not in nonzero and not _lora_a_zero_expected(n, params)}
+                       if n not in nonzero and not _lora_a_zero_expected(n, params, grads.nonzero_weights)}
         self._always_zero = (unexplained if self._always_zero is None
                              else self._always_zero & unexplained)
         if not with_grad or nonzero:
@@ -235,13 +297,14 @@ class StepProbe:
     # -- step checks ----------------------------------------------------------------------------
 
     def _take_snapshot(self, opt: Any) -> dict[str, torch.Tensor]:
-        """Copy every trainable parameter whose step must visibly change it.
+        """Copy this rank's piece of every trainable parameter whose step must visibly change it.
 
         A parameter qualifies if it has a non-zero gradient, a group lr > 0 (or is outside the
         optimizer, which is itself a bug), and at least one element whose plain-SGD update
         lr*|g| is at least one ulp of the weight: smaller updates can round away legitimately,
         so no claim is made about them. Adaptive optimizers move by about lr per element, which
         is more than lr*|g| whenever |g| < 1, so this never flags a healthy Adam step.
+        Judged on the local piece (a DTensor's shard), so no collective here; `_step_outcome` agrees.
         """
         lrs = _lr_by_param(opt)
         snap: dict[str, torch.Tensor] = {}
@@ -250,19 +313,34 @@ class StepProbe:
                 if not p.requires_grad or p.grad is None or p.grad.is_sparse:
                     continue
                 lr = lrs.get(id(p), 1.0)
-                if lr == 0.0 or not p.is_floating_point() or not bool(p.grad.any()):
+                weight, grad = local(p.detach()), local(p.grad)
+                if lr == 0.0 or not p.is_floating_point() or not bool(grad.any()):
                     continue
-                ulp = torch.finfo(p.dtype).eps * p.detach().abs()
-                if bool((lr * p.grad.abs() >= ulp).any()):
-                    snap[name] = p.detach().clone()
+                ulp = torch.finfo(p.dtype).eps * weight.abs()
+                if bool((lr * grad.abs() >= ulp).any()):
+                    snap[name] = weight.clone()
         return snap
 
-    def _check_weights_changed(self) -> list[Problem]:
+    def _step_outcome(self) -> tuple[bool, list[str]]:
+        """Was the step skipped (on any rank), and which snapshotted parameters did it leave unchanged
+        on every rank that took a snapshot of its piece? One all_reduce whatever the data."""
+        params = named_params(self.model)
+        names = [n for n, p in params.items() if p.requires_grad]  # the same list on every rank
+        row = [int(self._was_skipped())]
+        with torch.no_grad():
+            for name in names:
+                before = self._snapshot.get(name)
+                changed = before is not None and not torch.equal(before, local(params[name].detach()))
+                row += [int(before is not None), int(changed)]
+        ranks = gather(row)
+        stuck = [n for k, n in enumerate(names)
+                 if any(r[1 + 2 * k] for r in ranks) and not any(r[2 + 2 * k] for r in ranks)]
+        return any(r[0] for r in ranks), stuck
+
+    def _check_weights_changed(self, stuck: list[str]) -> list[Problem]:
         """CKF814: parameters with a non-zero gradient and lr > 0 that the step left unchanged."""
         params = named_params(self.model)
         in_opt = _param_ids_in(unwrap_optimizer(self.optimizer))
-        stuck = [n for n, before in self._snapshot.items()
-                 if n in params and torch.equal(before, params[n].detach())]
         if not stuck:
             return []
         outside = [n for n in stuck if id(params[n]) not in in_opt]
@@ -285,7 +363,7 @@ class StepProbe:
             for p in group["params"]:
                 if p.grad is not None:
                     step = opt.state.get(p, {}).get("step", 0)
-                    counters[id(p)] = float(step)
+                    counters[id(p)] = float(local(step) if isinstance(step, torch.Tensor) else step)
         return counters
 
     def _was_skipped(self) -> bool:

@@ -88,6 +88,7 @@ from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.guard.live import Live
 from ckptfix.guard.probe import StepProbe
 from ckptfix.guard.problems import Problem, TrainingSetupError, format_names, raise_or_warn
+from ckptfix.guard.ranks import ShardedUnsupported, gather, has_dtensors, local_box
 from ckptfix.guard.resume_apply import Apply, not_landed, same_values
 from ckptfix.guard.resume_plan import ModelPlan, key_map, key_problems, plan_optimizer, plan_resume
 from ckptfix.guard.rewarm import Rewarm
@@ -272,6 +273,12 @@ class ResumeGuard:
         """
         from ckptfix.inspect import analyse
 
+        if has_dtensors(self.model):  # metadata: every rank refuses alike, before any collective or I/O
+            raise ShardedUnsupported(
+                f"{os.fspath(path) if isinstance(path, (str, os.PathLike)) else 'checkpoint'}: ResumeGuard.load "
+                "cannot load into a sharded model (DTensor parameters: fully_shard, tensor parallel) yet; load it "
+                "with torch.distributed.checkpoint (dcp.load + set_state_dict), then call guard.verify_loaded(path) "
+                "and keep the guard's step hooks (the first-step probe works on every rank).")
         ckpt = _read(path)  # read
         analysis = analyse(ckpt)
         live = Live.capture(self.model, self.optimizer, self.scheduler, self.scaler, self._tokenizer_size())
@@ -417,24 +424,44 @@ class ResumeGuard:
         return self._tok_size
 
 
+def _loaded_here(info: Any, tensor: torch.Tensor, full: bool) -> int:
+    """Does this rank's piece of `tensor` hold the checkpoint's values? 0 yes, 1 no (CKF820), 2 its
+    shape differs, only the rows both have compared and they hold the checkpoint's (CKF825).
+
+    Compared piece by piece: a DTensor's local shard against the same rows (and columns) of the
+    checkpoint tensor, so nothing here is a collective and uneven shards (1003 rows on 2 ranks) work.
+    `_compare_loaded` agrees over ranks."""
+    piece, box = local_box(tensor)
+    ref = info.to_torch()
+    if tuple(info.shape) == tuple(tensor.shape):
+        return int(same_values(piece, ref[box], full=full) is False)
+    rows_only = (len(info.shape) == len(tensor.shape) >= 1
+                 and tuple(info.shape[1:]) == tuple(tensor.shape[1:]))
+    if not rows_only or min(info.shape[0], tensor.shape[0]) * math.prod(info.shape[1:]) == 0:
+        return 1
+    rows = box[0] if box else slice(0, 0)
+    common = max(0, min(rows.stop, info.shape[0]) - rows.start)  # this piece's rows the checkpoint has
+    if common == 0:
+        return 2  # nothing of this piece is in the checkpoint: the other ranks judge
+    same = same_values(piece[:common], ref[(slice(rows.start, rows.start + common),) + box[1:]], full=full)
+    return 2 if same else 1
+
+
 def _compare_loaded(ckpt: Any, keys: dict[str, str], live: dict[str, torch.Tensor], full: bool) -> list[Problem]:
-    """CKF820 (a checkpoint tensor whose values are not in the model) and CKF825 (resized, rows kept)."""
+    """CKF820 (a checkpoint tensor whose values are not in the model) and CKF825 (resized, rows kept),
+    judged on every rank's piece and agreed in one all_reduce: every rank reports the same."""
+    pairs = list(keys.items())  # the same order on every rank
+    ranks = gather([_loaded_here(ckpt.model[cname], live[lname], full) for cname, lname in pairs])
     not_loaded, resized, shapes = [], [], []
-    for cname, lname in keys.items():
-        info, tensor = ckpt.model[cname], live[lname]
-        ref = info.to_torch()
-        if tuple(info.shape) == tuple(tensor.shape):
-            if same_values(tensor, ref, full=full) is False:
-                not_loaded.append(lname)
+    for k, (cname, lname) in enumerate(pairs):
+        verdicts = [r[k] for r in ranks]
+        if 1 not in verdicts:
+            if 2 in verdicts:
+                resized.append(lname)
             continue
-        rows_only = (len(info.shape) == len(tensor.shape) >= 1
-                     and tuple(info.shape[1:]) == tuple(tensor.shape[1:]))
-        width = math.prod(info.shape[1:]) if len(info.shape) > 1 else 1
-        common = min(info.shape[0], tensor.shape[0]) * width if rows_only else 0
-        if rows_only and common and same_values(tensor, ref, prefix=common, full=full):
-            resized.append(lname)
-        else:
-            not_loaded.append(lname)
+        not_loaded.append(lname)
+        info, tensor = ckpt.model[cname], live[lname]
+        if tuple(info.shape) != tuple(tensor.shape):
             shapes.append(f"{lname} {list(info.shape)} in the checkpoint, {list(tensor.shape)} "
                           "in the model")
     problems = []
