@@ -111,9 +111,16 @@ def cli() -> None:
               "an unknown code is a usage error (exit 2).")
 @click.option("--ignore", multiple=True, metavar="CODE", callback=_check_selectors,
               help="Leave these codes (or prefixes) out. Repeatable.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Trainer resume: the per-device batch size it will use "
+              "(CKF314: where the resume starts in the data and the LR schedule). Unset: the saved one.")
+@click.option("--grad-accum", type=click.IntRange(min=1), help="Trainer resume: its gradient_accumulation_steps.")
+@click.option("--world-size", type=click.IntRange(min=1), help="Trainer resume: its number of processes.")
+@click.option("--dataset-length", type=click.IntRange(min=1), help="Trainer resume: the training set's length "
+              "(else bounded from trainer_state.json).")
 @_QUIET
 def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, as_json: bool, scan: bool, verify: bool,
-            trust_pickle: bool, select: tuple[str, ...], ignore: tuple[str, ...], quiet: bool) -> None:
+            trust_pickle: bool, select: tuple[str, ...], ignore: tuple[str, ...], batch_size: int | None,
+            grad_accum: int | None, world_size: int | None, dataset_length: int | None, quiet: bool) -> None:
     """Report model, optimizer, scheduler and scaler state, and list findings.
 
     \b
@@ -121,11 +128,15 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
       ckptfix inspect ckpt.pth --tokenizer tok.model
       ckptfix inspect output/checkpoint-500 --tokenizer output/ --json
       ckptfix inspect ckpt.pth --scan --verify
+      ckptfix inspect output/checkpoint-500 --batch-size 8 --grad-accum 2 --world-size 1
     """
+    from ckptfix.data_position import ResumeWith
     from ckptfix.inspect import inspect as run_inspect
 
+    given = (batch_size, grad_accum, world_size, dataset_length)
+    resume = ResumeWith(*given) if any(v is not None for v in given) else None
     report = run_inspect(checkpoint, tokenizer, scan=scan, verify=verify, trust_pickle=trust_pickle,
-                         from_tokenizer=from_tokenizer, progress=terminal_progress(quiet))
+                         from_tokenizer=from_tokenizer, progress=terminal_progress(quiet), resume=resume)
     if select or ignore:
         report.select(select, ignore)
     if as_json:

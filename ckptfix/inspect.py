@@ -80,13 +80,15 @@ class Report:
 
 def inspect(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None, *, scan: bool = False,
             verify: bool = False, trust_pickle: bool = False, from_tokenizer: str | os.PathLike | None = None,
-            progress: Callable[[Iterable, int, str], Iterable] | None = None) -> Report:
+            progress: Callable[[Iterable, int, str], Iterable] | None = None, resume: Any = None) -> Report:
     """Inspect a checkpoint (file or folder) against an optional tokenizer.
 
     `from_tokenizer`: the tokenizer the checkpoint was trained with, when neither a ckptfix record nor
     the folder's own tokenizer files say so; with it, tokens whose id moved are reported.
     Reads metadata only (zip directory + pickle, safetensors header, JSON indexes) unless `scan`
     (NaN/Inf in every tensor) or `verify` (zip CRCs) ask for tensor bytes. Never executes pickle code.
+    `resume`: a `ckptfix.data_position.ResumeWith`, the batch size, grad accumulation and processes a Trainer resume
+    will use: CKF314 says where it starts in the data and the LR schedule when samples per step change.
     """
     ckpt = _read_one_checkpoint(os.fspath(path), trust_pickle)
     tok = old = None
@@ -95,7 +97,7 @@ def inspect(path: str | os.PathLike, tokenizer: str | os.PathLike | None = None,
 
         tok = load_tokenizer(tokenizer) if tokenizer is not None else None
         old = load_tokenizer(from_tokenizer) if from_tokenizer is not None else None
-    report = analyse(ckpt, tok, scan=scan, verify=verify, progress=progress, from_tokenizer=old)
+    report = analyse(ckpt, tok, scan=scan, verify=verify, progress=progress, from_tokenizer=old, resume=resume)
     _add_audit(report)
     return report
 
@@ -168,9 +170,10 @@ def _unread_in_object_storage(ckpt: Checkpoint, scan: bool) -> list[str]:
 
 
 def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, verify: bool = False,
-            progress: Callable | None = None, from_tokenizer: Any = None, own_rows: int | None = None) -> Report:
+            progress: Callable | None = None, from_tokenizer: Any = None, own_rows: int | None = None,
+            resume: Any = None) -> Report:
     """Run every check on an already-read checkpoint (repair and the guard reuse this). `own_rows`: repair's
-    `--own-rows` (`vocab.declare_own_rows`)."""
+    `--own-rows` (`vocab.declare_own_rows`); `resume`: as `inspect`'s."""
     from ckptfix.identity import identity_notes, known_old_tokenizer
 
     mapping = map_optimizer(ckpt)
@@ -180,7 +183,12 @@ def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, veri
     if tokenizer is not None or from_tokenizer is not None:
         identity = old, known = known_old_tokenizer(ckpt, vocab_rows(vocab), from_tokenizer)
         notes += known + identity_notes(ckpt, tokenizer, old, vocab_rows(vocab))
-    ctx = Context(ckpt, mapping, vocab, tokenizer, scan=scan, verify=verify, progress=progress, old_tokenizer=old)
+    if resume is not None:
+        from ckptfix.data_position import notes as position_notes
+
+        notes += position_notes(ckpt, resume)
+    ctx = Context(ckpt, mapping, vocab, tokenizer, scan=scan, verify=verify, progress=progress, old_tokenizer=old,
+                  resume=resume)
     return Report(ckpt, mapping, vocab, run_checks(ctx), tokenizer, notes, old, identity=identity)
 
 
