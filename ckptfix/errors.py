@@ -48,6 +48,16 @@ def for_cli(message: str) -> str:
     return message
 
 
+def for_api(message: str) -> str:
+    """`message` (a repair plan's note, written for the command line) as a Python caller passes it: each flag of
+    `KEYWORD_FLAGS` replaced by its keyword argument where the note tells what to pass ("pass --from-tokenizer OLD")."""
+    import re
+
+    for keyword, flag in KEYWORD_FLAGS.items():
+        message = re.sub(r"(?:(?<=[Pp]ass )|(?<=or )|(?<=\())" + re.escape(flag) + r"(?![\w-])", keyword, message)
+    return message
+
+
 class TokenizerError(CkptfixError):
     """The tokenizer path is not a tokenizer ckptfix can read."""
 

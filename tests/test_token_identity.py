@@ -10,9 +10,11 @@ percent of the loss before the save (rows kept by id give a loss near or above a
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import random
+import re
 import shlex
 
 import pytest
@@ -270,3 +272,165 @@ def test_guard_stops_a_same_size_reorder(tmp_path):
 def test_report_numbers(setup):
     """Prints the measured losses (pytest -s): before the save, random init, after repair, rows kept by id."""
     print({k: round(v, 3) for k, v in sorted(MEASURED.items()) if k.startswith(setup["kind"])})
+
+
+# ---------------------------------------------------------------- the guard's messages (issue 46)
+
+KEYWORD = re.compile(r"\b([a-z_][a-z0-9_]*)=(?!=)")
+
+
+def guard_parameters() -> set[str]:
+    return set(inspect.signature(ckptfix.ResumeGuard.__init__).parameters) | set(
+        inspect.signature(ckptfix.ResumeGuard.load).parameters)
+
+
+def said(report_or_error) -> list[str]:
+    """Every message, note and action the guard produced."""
+    if isinstance(report_or_error, ResumeError):
+        return [p.message for p in report_or_error.problems]
+    return [p.message for p in report_or_error.problems] + report_or_error.notes + report_or_error.actions
+
+
+def assert_suggestions_accepted(messages: list[str]) -> None:
+    """Each keyword argument a message names is one ResumeGuard takes (a message may quote one of another
+    callable only where it names that callable: `load_state_dict(strict=False)`)."""
+    accepted = guard_parameters()
+    for message in messages:
+        bare = re.sub(r"\b[A-Za-z_][\w.]*\([^()]*\)", "", message.replace("ResumeGuard(", "("))
+        for name in KEYWORD.findall(bare):
+            assert name in accepted, f"{name}= is not a ResumeGuard argument: {message}"
+
+
+def _untrained(path, vocab):
+    """A checkpoint of an untrained TinyLM after one AdamW step (rows and moments: what the guard resizes)."""
+    torch.manual_seed(0)
+    model = TinyLM(vocab, DIM, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    loss_of(model, torch.randint(0, vocab, (2, 9))).backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
+    return model
+
+
+def _live(vocab):
+    model = TinyLM(vocab, DIM, 2)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def test_guard_remap_without_the_old_tokenizer_says_rows_are_kept_by_id_unchecked(tmp_path):
+    """A BPE retrained to the same base size, tokens added, no record: the guard resizes by id, and says that the
+    ids are unchecked and that from_tokenizer= (which it takes) remaps by token; keep_ids=True says as asked."""
+    old_path, new_path = reordered_bpe(tmp_path)
+    old, new = Encoder(old_path), Encoder(new_path)
+    trained_model = _untrained(tmp_path / "ckpt.pth", old.size)
+    model, opt = _live(new.size)
+    with pytest.warns(Warning, match="CKF825"):
+        report = ckptfix.ResumeGuard(model, opt, tokenizer=new.path, policy="remap", probe_steps=0).load(
+            tmp_path / "ckpt.pth")
+    (resized,) = [p for p in report.problems if p.code == "CKF825"]
+    assert resized.severity == "warning" and resized.message.endswith(
+        "as `ckptfix repair --policy remap` would, rows kept by id, unchecked: the tokenizer the checkpoint's rows "
+        "were trained with is not known, so a token whose id moved (a retrained tokenizer) gets another token's "
+        "row. Pass from_tokenizer= (the old tokenizer; it and tokenizer= as paths or TokenizerInfos) to remap rows "
+        "by token.")
+    actions = [a for a in report.actions if a.startswith("resized text_embedding.weight")]
+    assert actions == [f"resized text_embedding.weight [{old.size}, {DIM}] -> [{new.size}, {DIM}] (rows kept by id, "
+                       "unchecked (the tokenizer the rows were trained with is not known; from_tokenizer= remaps them "
+                       f"by token): {old.size}; 0 dropped, 3 new initialised by 'mean')"]
+    assert any("pass from_tokenizer=OLD to move rows by token string" in n for n in report.notes)
+    assert not any("--from-tokenizer" in m for m in said(report))
+    assert misplaced(model, trained_model, old, new) > 0  # what "unchecked" warns of: swapped ids hold other rows
+    assert_suggestions_accepted(said(report))
+
+    model, opt = _live(new.size)  # what the message names, passed: every shared token keeps its row
+    ckptfix.ResumeGuard(model, opt, tokenizer=new.path, policy="remap", probe_steps=0,
+                        from_tokenizer=old.path).load(tmp_path / "ckpt.pth")
+    assert misplaced(model, trained_model, old, new) == 0
+
+    model, opt = _live(new.size)
+    with pytest.warns(Warning, match="CKF825"):
+        report = ckptfix.ResumeGuard(model, opt, tokenizer=new.path, policy="remap", probe_steps=0,
+                                     keep_ids=True).load(tmp_path / "ckpt.pth")
+    (resized,) = [p for p in report.problems if p.code == "CKF825"]
+    assert resized.message.endswith("would, rows kept by id as asked (keep_ids=True).")
+    assert any("rows kept by id as asked (keep_ids=True): 300" in a for a in report.actions)
+
+
+def test_guard_refusal_names_arguments_it_takes(tmp_path):
+    """sentencepiece retrained with user-defined pieces inside the old ids: the guard refuses to keep rows by id
+    and names from_tokenizer= and keep_ids=True; both are ResumeGuard arguments and do what the message says."""
+    old_path, new_path = retrained_sp(tmp_path)
+    old, new = Encoder(old_path), Encoder(new_path)
+    trained_model = _untrained(tmp_path / "ckpt.pth", old.size)
+    model, opt = _live(new.size)
+    with pytest.raises(ResumeError, match="CKF825") as err:
+        ckptfix.ResumeGuard(model, opt, tokenizer=new.path, policy="remap", probe_steps=0).load(tmp_path / "ckpt.pth")
+    (refused,) = [p for p in err.value.problems if p.code == "CKF825"]
+    assert "Pass from_tokenizer=OLD" in refused.message and "or keep_ids=True if the ids really are unchanged" in \
+        refused.message
+    assert_suggestions_accepted(said(err.value))
+    model, opt = _live(new.size)
+    with pytest.warns(Warning, match="CKF825"):
+        report = ckptfix.ResumeGuard(model, opt, tokenizer=new.path, policy="remap", probe_steps=0,
+                                     keep_ids=True).load(tmp_path / "ckpt.pth")
+    assert any("rows kept by id as asked (keep_ids=True)" in a for a in report.actions)
+    model, opt = _live(new.size)
+    ckptfix.ResumeGuard(model, opt, tokenizer=new.path, policy="remap", probe_steps=0,
+                        from_tokenizer=old.path).load(tmp_path / "ckpt.pth")
+    assert misplaced(model, trained_model, old, new) == 0
+
+
+def test_keep_ids_turns_ckf828_into_a_warning(tmp_path):
+    """Same row count, ids swapped, the old tokenizer named: CKF828 stops the load; keep_ids=True (as
+    `repair --keep-ids`) loads by id as asked, and says that the moved tokens' rows belong to other tokens."""
+    old_path, new_path = reordered_bpe(tmp_path, added=())
+    old, new = Encoder(old_path), Encoder(new_path)
+    trained_model = _untrained(tmp_path / "ckpt.pth", old.size)
+    model, _ = _live(new.size)
+    with pytest.warns(Warning, match="CKF828"):
+        report = ckptfix.ResumeGuard(model, None, tokenizer=new.path, from_tokenizer=old.path, policy="remap",
+                                     keep_ids=True).load(tmp_path / "ckpt.pth")
+    (moved,) = [p for p in report.problems if p.code == "CKF828"]
+    assert moved.severity == "warning" and moved.message.endswith(
+        ": rows loaded by id as asked (keep_ids=True) belong to other tokens.")
+    assert all(torch.equal(v, trained_model.state_dict()[k]) for k, v in model.state_dict().items())
+    assert_suggestions_accepted(said(report))
+
+
+def test_guard_sources_suggest_only_arguments_their_callable_takes():
+    """Every `name=` in a string of the guard's modules: inside `Callable(...)` a parameter of that callable;
+    otherwise a ResumeGuard argument, or one of the few arguments of other libraries the messages name as a
+    cause (each checked against its own callable)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(ckptfix.__file__).parent
+    named = {"ResumeGuard": ckptfix.ResumeGuard.__init__, "load_state_dict": torch.nn.Module.load_state_dict,
+             "torch.autocast": torch.autocast.__init__}
+    causes = {"requires_grad": torch.nn.Parameter, "use_reentrant": torch.utils.checkpoint.checkpoint,
+              "fused": torch.optim.AdamW.__init__}
+    accepted = guard_parameters()
+    files = sorted((root / "guard").glob("*.py")) + [root / "checks" / "guard.py"]
+    found = set()
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                      if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+                      and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.JoinedStr):
+                text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                text = node.value
+            else:
+                continue
+            for call in re.finditer(r"\b([A-Za-z_][\w.]*)\(([^()]*)\)?", text):
+                for name in KEYWORD.findall(call.group(2)):
+                    assert call.group(1) in named, f"{path.name}:{node.lineno}: {call.group(0)!r}: which callable?"
+                    assert name in inspect.signature(named[call.group(1)]).parameters, (path.name, call.group(0))
+                    found.add(name)
+            for name in KEYWORD.findall(re.sub(r"\b[A-Za-z_][\w.]*\([^()]*\)?", "", text)):
+                ok = name in accepted or name in causes and name in inspect.signature(causes[name]).parameters
+                assert ok, f"{path.name}:{node.lineno}: {name}= is not an argument of ResumeGuard: {text!r}"
+                found.add(name)
+    assert {"from_tokenizer", "keep_ids", "policy"} <= found  # the scan sees the messages it is about

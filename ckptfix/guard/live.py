@@ -44,6 +44,7 @@ class Live:
     # rows then move by token string (from `from_tokenizer`, else the checkpoint's record or folder).
     tokenizer: Any = None
     from_tokenizer: Any = None
+    keep_ids: bool = False  # rows stay at their id even where the old tokenizer is known (`repair --keep-ids`)
 
     @property
     def optimizer_params(self) -> list[LiveTensor]:

@@ -49,7 +49,8 @@ Load-time findings (each a `Problem`; `params` names the tensors concerned):
           it has one that no live object receives (warning).
   CKF828  the live tokenizer gives other ids to tokens the checkpoint's rows belong to (its
           record, its folder or `from_tokenizer=` names that tokenizer) and the rows would be
-          loaded by id (error; "remap" with `from_tokenizer=` moves them when the rows resize).
+          loaded by id (error; "remap" with `from_tokenizer=` moves them when the rows resize;
+          a warning with `keep_ids=True`, which loads them by id as asked).
 
 Policies:
 
@@ -231,12 +232,17 @@ class ResumeGuard:
     `reset_scheduler`: with "fresh", also start the scheduler from scratch when the
     optimizer state is dropped.
     `probe_steps`: optimizer steps watched by the first-step probe (0: no probe).
+    `from_tokenizer`: the tokenizer the checkpoint was trained with (a path or TokenizerInfo, with
+    `tokenizer` one too): resized rows move by token string. Without it (and without a record or
+    folder naming it) resized rows are kept by id unchecked, and CKF825 says so.
+    `keep_ids`: keep row i for token i even where the old tokenizer is known or ids look moved, as
+    `ckptfix repair --keep-ids` (CKF828 is then a warning).
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Any = None, scheduler: Any = None,
                  scaler: Any = None, tokenizer: Any = None, policy: str = "strict", *,
                  rewarm_steps: int = 100, reset_scheduler: bool = False, probe_steps: int = 3,
-                 from_tokenizer: Any = None):
+                 from_tokenizer: Any = None, keep_ids: bool = False):
         policy = canonical(policy)
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (choose {', '.join(POLICIES)})")
@@ -248,6 +254,7 @@ class ResumeGuard:
         self.scaler = scaler
         self.tokenizer = tokenizer
         self.from_tokenizer = from_tokenizer  # the tokenizer the checkpoint was trained with (path/TokenizerInfo)
+        self.keep_ids = keep_ids
         self.policy = policy
         self.rewarm_steps = rewarm_steps
         self.reset_scheduler = reset_scheduler
@@ -283,6 +290,7 @@ class ResumeGuard:
         analysis = analyse(ckpt)
         live = Live.capture(self.model, self.optimizer, self.scheduler, self.scaler, self._tokenizer_size())
         live.tokenizer, live.from_tokenizer = self._tokens(), token_table(self.from_tokenizer)
+        live.keep_ids = self.keep_ids
         if self.from_tokenizer is not None and (live.from_tokenizer is None or live.tokenizer is None):
             raise TypeError("from_tokenizer needs tokenizer= and from_tokenizer= as paths or TokenizerInfos "
                             "(their id -> token tables), not sizes or tokenizer objects")

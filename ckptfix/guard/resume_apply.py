@@ -91,11 +91,15 @@ class Values:
         return self._locators[file]
 
 
-def _how_rows_moved(rows_by: str, rows: Any) -> str:
-    """What the row plan did, as it did it: by token string only when the rows were matched that way."""
+def _how_rows_moved(rows_by: str, rows: Any, by_id: str = "") -> str:
+    """What the row plan did, as it did it: by token string only when the rows were matched that way; by id
+    as asked (keep_ids=True) or unchecked (the old tokenizer not known: `ModelPlan.rows_by_id`)."""
     if rows_by == "token":
         return f"rows matched by token string: {rows.kept} kept at their id, {rows.moved} moved to a new id"
-    return f"rows kept by id: {rows.kept}"
+    if by_id == "asked":
+        return f"rows kept by id as asked (keep_ids=True): {rows.kept}"
+    return (f"rows kept by id, unchecked (the tokenizer the rows were trained with is not known; from_tokenizer= "
+            f"remaps them by token): {rows.kept}")
 
 
 class Apply:
@@ -122,7 +126,7 @@ class Apply:
         for owner in sorted(side.used_edits):
             edit = side.repair.weights[owner]
             actions.append(f"resized {owner} {list(edit.source.shape)} -> {list(edit.new_shape)} "
-                           f"({_how_rows_moved(side.repair.rows_by, edit.plan)}; {edit.plan.dropped} dropped, "
+                           f"({_how_rows_moved(side.repair.rows_by, edit.plan, side.rows_by_id)}; {edit.plan.dropped} dropped, "
                            f"{edit.plan.new} new initialised by '{side.repair.init}')")
         for lname, cname in side.load.items():
             edit = side.weight_edit(self.ckpt.tied.get(cname, cname))

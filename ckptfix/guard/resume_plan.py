@@ -56,6 +56,7 @@ class ModelPlan:
     repair: Any = None  # ckptfix.surgery.plan.RepairPlan when vocab tensors are resized
     used_edits: set[str] = field(default_factory=set)  # checkpoint names whose repair edit is used
     vocab_rows: set[int] = field(default_factory=set)  # idents of live tensors reported as CKF825
+    rows_by_id: str = ""  # resized rows kept by id: "asked" (keep_ids=True) | "unchecked" (old tokenizer not known)
 
     def weight_edit(self, owner: str) -> Any:
         """The resize of checkpoint tensor `owner` (a tied alias's owner), if it is used."""
@@ -120,7 +121,9 @@ def plan_resume(ckpt: Any, analysis: Any, live: Live, policy: str, *, reset_sche
     record = ckpt.record if ckpt.record is not None else Record()
     plan.problems += check_sections(ckpt, live, policy, record)
     if plan.model.repair is not None:
-        plan.notes += [n for n in plan.model.repair.notes if n not in plan.notes]
+        from ckptfix.errors import for_api
+
+        plan.notes += [n for n in map(for_api, plan.model.repair.notes) if n not in plan.notes]
         plan.problems += audit_problems(plan.model.repair, analysis.mapping)
     _decide_training_state(plan, ckpt, live, record, reset_scheduler)
     return plan
@@ -256,6 +259,12 @@ def check_token_ids(ckpt: Any, analysis: Any, live: Live, model: ModelPlan) -> l
     moves = id_moves(old.info, live.tokenizer, rows)
     if not moves.moved:
         return []
+    if live.keep_ids and (model.repair is None or model.repair.rows_by != "token"):
+        return [Problem(
+            "CKF828", "warning",
+            f"{len(moves.moved)} of {moves.shared} tokens have another id in the live tokenizer than in the one the "
+            f"checkpoint was trained with ({old.describe()}), e.g. {moves.examples(3)}: rows loaded by id as asked "
+            "(keep_ids=True) belong to other tokens.", tuple(v.name for v in analysis.vocab if v.tied_to is None))]
     fix = (f"`ckptfix repair CKPT --tokenizer {live.tokenizer.path} --from-tokenizer {old.path} -o FIXED` "
            "and load FIXED")
     return [Problem(
@@ -311,6 +320,8 @@ def plan_model(ckpt: Any, analysis: Any, live: Live, policy: str) -> _ModelResul
                 if edit is not None and tuple(edit.new_shape) == live.state[keys[cname]].shape:
                     side.used_edits.add(owner)
             side.repair = repair if side.used_edits else None
+            if side.repair is not None and side.repair.rows_by == "id":
+                side.rows_by_id = "asked" if live.keep_ids else "unchecked"
         unfit = [n for n in vocab_diff if ckpt.tied.get(n, n) not in side.used_edits]
         if unfit:
             vocab_diff = [n for n in vocab_diff if n not in unfit]
@@ -328,7 +339,7 @@ def plan_model(ckpt: Any, analysis: Any, live: Live, policy: str) -> _ModelResul
         else:
             message = (f"{len(vocab_diff)} vocab-sized tensor(s) have another row count in the "
                        f"checkpoint than in the model ({shapes(vocab_diff)}); resized in memory "
-                       f"as `ckptfix repair --policy {policy}` would.")
+                       f"as `ckptfix repair --policy {policy}` would" + _rows_by_id(side.rows_by_id) + ".")
         problems.append(Problem("CKF825", "error" if strict else "warning", message, tuple(vocab_diff)))
         side.vocab_rows = {live.state[keys[n]].ident for n in vocab_diff}
     if other_diff:
@@ -342,6 +353,17 @@ def plan_model(ckpt: Any, analysis: Any, live: Live, policy: str) -> _ModelResul
     if not any(p.severity == "error" for p in problems):
         side.load = {lname: cname for cname, lname in keys.items()}
     return _ModelResult(side, problems)
+
+
+def _rows_by_id(how: str) -> str:
+    """What CKF825 says of rows kept by id: as asked, or unchecked (a retrained tokenizer moves ids unseen)."""
+    if how == "asked":
+        return ", rows kept by id as asked (keep_ids=True)"
+    if how == "unchecked":
+        return (", rows kept by id, unchecked: the tokenizer the checkpoint's rows were trained with is not known, "
+                "so a token whose id moved (a retrained tokenizer) gets another token's row. Pass from_tokenizer= "
+                "(the old tokenizer; it and tokenizer= as paths or TokenizerInfos) to remap rows by token")
+    return ""
 
 
 def _vocab_plan(ckpt: Any, analysis: Any, names: list[str], live: Live, keys: dict[str, str],
@@ -358,8 +380,8 @@ def _vocab_plan(ckpt: Any, analysis: Any, names: list[str], live: Live, keys: di
     try:
         tok = live.tokenizer
         target = _Target(targets.pop(), tok.path if tok is not None else "<live model>", tok)
-        plan = make_plan(analysis, target, live.from_tokenizer, RepairOptions(policy=policy), format_notes=False,
-                         exact_rows=True)
+        plan = make_plan(analysis, target, live.from_tokenizer, RepairOptions(policy=policy, keep_ids=live.keep_ids),
+                         format_notes=False, exact_rows=True)
     except CkptfixError as exc:
         return None, str(exc)
     return plan, ""
