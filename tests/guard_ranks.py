@@ -157,3 +157,37 @@ def run(kind: str, world: int, folder: Path, timeout: float = 120) -> list[dict]
     folder.mkdir(parents=True, exist_ok=True)
     _spawn(_worker, world, str(folder), kind, timeout=timeout)
     return [json.loads(Path(folder, f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def _resume_worker(rank: int, world: int, folder: str, out: str) -> None:
+    """`ResumeGuard.load` of a DCP folder (fsdp_factory's nested layout, vocab 48) into a fresh FSDP2 model,
+    policy strict, then one guarded step on fsdp_factory.resume_run's batch; and, at a grown vocab, remap."""
+    from fsdp_factory import _batches, _build, _full
+
+    warnings.simplefilter("ignore")
+    model, optimizer, scheduler = _build(48, False, seed=123)
+    guard = ResumeGuard(model, optimizer, scheduler, policy="strict")
+    report, load_calls = count(guard.load, folder)
+    loaded = _full(model, optimizer)  # gathered alike on every rank; rank 0 keeps it
+    if rank == 0:
+        torch.save({"loaded": loaded}, Path(out, "loaded.pt"))
+    optimizer.zero_grad(set_to_none=True)
+    loss = lm_loss(model, _batches(48, 1, rank, world, seed=99)[0])
+    loss.backward()
+    guard.before_step()
+    optimizer.step()
+    guard.after_step()
+    scheduler.step()
+    grown = _build(52, False, seed=123)
+    outcome = _refusal(ResumeGuard(*grown, tokenizer=52, policy="remap"), folder)[0]
+    Path(out, f"rank{rank}.json").write_text(json.dumps({
+        "problems": [str(p) for p in report.problems], "actions": report.actions, "loss": float(loss),
+        "load_calls": load_calls, "last_epoch": scheduler.last_epoch, "probe": [str(p) for p in guard.probe.problems] if guard.probe else None,
+        "remap": outcome}))
+
+
+def resume(world: int, folder: Path, out: Path, timeout: float = 120) -> list[dict]:
+    """Each rank's report of `_resume_worker`, rank 0 first."""
+    out.mkdir(parents=True, exist_ok=True)
+    _spawn(_resume_worker, world, str(folder), str(out), timeout=timeout)
+    return [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(world)]

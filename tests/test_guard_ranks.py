@@ -63,3 +63,32 @@ def test_every_rank_issues_the_same_collectives_and_reports_the_same_findings(tm
     if kind == "fsdp":
         assert _same_on_every_rank(reports, "load").startswith("ShardedUnsupported: ")
         assert reports[0]["load_calls"] == []
+
+
+@pytest.mark.slow
+def test_resume_guard_loads_a_dcp_folder_into_fsdp2_as_dcp_load_does(tmp_path):
+    """policy strict, same vocab: no finding, the same state as a plain dcp.load + set_state_dict resume and the
+    same loss at the next step; at a grown vocab (remap on DTensors, not built yet) one clear refusal on
+    every rank, never a torch error."""
+    import torch
+    from fsdp_factory import resume_run, save_run
+    from guard_ranks import resume
+
+    folder = tmp_path / "dcp"
+    save_run(folder, world=2, layout="nested")
+    reports = resume(2, folder, tmp_path / "out")
+    plain = resume_run(folder, world=2)
+
+    assert _same_on_every_rank(reports, "problems") == []
+    assert _same_on_every_rank(reports, "probe") == []
+    _same_on_every_rank(reports, "load_calls")
+    assert reports[0]["loss"] == plain["loss"]
+    assert _same_on_every_rank(reports, "last_epoch") == plain["last_epoch"]  # the scheduler, after one step
+    guarded = torch.load(tmp_path / "out" / "loaded.pt", weights_only=True)
+    for name, tensor in plain["loaded"]["model"].items():
+        assert torch.equal(guarded["loaded"]["model"][name], tensor), name
+    for name, state in plain["loaded"]["optim"]["state"].items():
+        for key, value in state.items():
+            assert torch.equal(guarded["loaded"]["optim"]["state"][name][key], value), (name, key)
+    remap = _same_on_every_rank(reports, "remap")
+    assert remap.startswith("ShardedUnsupported: ") and "resizing vocab rows of a sharded model" in remap

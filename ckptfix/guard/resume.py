@@ -92,6 +92,7 @@ from ckptfix.guard.problems import Problem, TrainingSetupError, format_names, ra
 from ckptfix.guard.ranks import ShardedUnsupported, gather, has_dtensors, local_box
 from ckptfix.guard.resume_apply import Apply, not_landed, same_values
 from ckptfix.guard.resume_plan import ModelPlan, key_map, key_problems, plan_optimizer, plan_resume
+from ckptfix.guard.resume_sharded import load_shards, refusal
 from ckptfix.guard.rewarm import Rewarm
 from ckptfix.guard.setup import check_live_state, check_training_setup, named_params, unwrap_optimizer
 from ckptfix.guard.whole import not_whole_problems, run_folder_problem
@@ -280,12 +281,6 @@ class ResumeGuard:
         """
         from ckptfix.inspect import analyse
 
-        if has_dtensors(self.model):  # metadata: every rank refuses alike, before any collective or I/O
-            raise ShardedUnsupported(
-                f"{os.fspath(path) if isinstance(path, (str, os.PathLike)) else 'checkpoint'}: ResumeGuard.load "
-                "cannot load into a sharded model (DTensor parameters: fully_shard, tensor parallel) yet; load it "
-                "with torch.distributed.checkpoint (dcp.load + set_state_dict), then call guard.verify_loaded(path) "
-                "and keep the guard's step hooks (the first-step probe works on every rank).")
         ckpt = _read(path)  # read
         analysis = analyse(ckpt)
         live = Live.capture(self.model, self.optimizer, self.scheduler, self.scaler, self._tokenizer_size())
@@ -301,9 +296,12 @@ class ResumeGuard:
             record=ckpt.record.to_json() if ckpt.record is not None else None, notes=plan.notes, checkpoint_findings=[f.code for f in analysis.findings])
         raise_or_warn(report.problems, lambda _: ResumeError(report.problems, ckpt.path))  # raise
         apply = Apply(plan, ckpt, self.model, self.optimizer, self.scheduler, self.scaler)  # apply
-        report.actions += apply.model_tensors()
-        self._raise_if(report, [p for p in [not_landed(self.model, apply.loaded)] if p is not None])
-        report.actions += apply.training_state()
+        if has_dtensors(self.model):  # metadata and the plan: every rank takes this path, or refuses, alike
+            report.actions += self._load_sharded(ckpt, plan, report)
+        else:
+            report.actions += apply.model_tensors()
+            self._raise_if(report, [p for p in [not_landed(self.model, apply.loaded)] if p is not None])
+            report.actions += apply.training_state()
         report.optimizer_matched_by = plan.matched_by
         self.close()
         if plan.rewarm and self.optimizer is not None and self.rewarm_steps > 0:
@@ -402,6 +400,19 @@ class ResumeGuard:
             self._rewarm = None
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _load_sharded(self, ckpt: Any, plan: Any, report: ResumeReport) -> list[str]:
+        """A DCP folder into DTensors, each rank its own shards (`resume_sharded`); then what landed,
+        compared shard by shard and agreed over ranks (CKF820)."""
+        why = refusal(ckpt, plan)
+        if why is not None:
+            raise ShardedUnsupported(f"{ckpt.path}: ResumeGuard.load into a sharded model (DTensor parameters): "
+                                     f"{why}.")
+        actions = load_shards(ckpt, plan, self.model, self.optimizer, self.scheduler)
+        keys = {cname: lname for lname, cname in plan.model.load.items()}
+        self._raise_if(report, [p for p in _compare_loaded(ckpt, keys, self.model.state_dict(keep_vars=True), False)
+                                if p.code == "CKF820"])
+        return actions
 
     def _raise_if(self, report: ResumeReport, problems: list[Problem]) -> None:
         """Post-load findings go into the report; an error among them stops the load."""
