@@ -14,8 +14,10 @@ from ckptfix.inspect import inspect
 
 transformers = pytest.importorskip("transformers")
 from test_latest import trainer_run as run_fixture  # noqa: E402 (a real Trainer run: checkpoint-2, -4, -6)
+from test_repair_hf import run as hf_run_fixture  # noqa: E402 (a Trainer run at checkpoint-3, a grown tokenizer)
 
 trainer_run = run_fixture
+hf_run = hf_run_fixture
 
 
 def _run_without(trainer_run, tmp_path, name: str):
@@ -49,8 +51,8 @@ def test_guard_refuses_a_run_folder(trainer_run):
     assert f"the newest whole checkpoint in it is {trainer_run / 'checkpoint-6'}" in str(exc.value)
 
 
-@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "trainer_state.json"])
-def test_guard_refuses_a_checkpoint_the_trainer_would_not_resume_whole(trainer_run, tmp_path, name):
+def test_guard_refuses_a_save_that_did_not_finish(trainer_run, tmp_path):
+    name = "trainer_state.json"  # the Trainer writes it last
     run = _run_without(trainer_run, tmp_path, name)
     model = _model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -60,6 +62,22 @@ def test_guard_refuses_a_checkpoint_the_trainer_would_not_resume_whole(trainer_r
     assert len(problems) == 1 and name in problems[0].message
     assert f"Resume from {run / 'checkpoint-4'} instead" in problems[0].message
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # nothing loaded
+
+
+def test_guard_loads_a_checkpoint_without_scheduler_pt_and_says_so(trainer_run, tmp_path):
+    """The Trainer's both-or-neither rule (CKF310) is not ResumeGuard's: it loads the optimizer that is there and
+    warns that the scheduler state is on one side only (CKF827)."""
+    run = _run_without(trainer_run, tmp_path, "scheduler.pt")
+    model = _model()
+    named = list(model.named_parameters())  # the Trainer's two groups: weights decayed, biases and norms not
+    decay = [n.endswith("weight") and ".ln_" not in n and not n.startswith("transformer.ln_f") for n, _ in named]
+    opt = torch.optim.AdamW([{"params": [p for (_, p), d in zip(named, decay) if d]},
+                             {"params": [p for (_, p), d in zip(named, decay) if not d], "weight_decay": 0.0}])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    with pytest.warns(Warning, match="CKF827 warning: the checkpoint has no scheduler state"):
+        report = ResumeGuard(model, opt, sched, probe_steps=0).load(run / "checkpoint-6")
+    assert "CKF829" not in [p.code for p in report.problems]
+    assert {float(s["step"]) for s in opt.state.values()} == {6.0}  # the optimizer state was loaded
 
 
 def test_hf_callback_refuses_a_resume_that_restarted_the_schedule(trainer_run, tmp_path):

@@ -70,6 +70,7 @@ declare("CKF828", "error", "tokens changed id: rows would load by id",
         "record, its folder or `from_tokenizer=`), and the load would keep rows by id: stopped before "
         "anything is loaded.")
 declare("CKF829", "error", "checkpoint not whole for its framework's resume",
-        "A run folder given as one checkpoint, or a checkpoint that lacks or holds a torn file its framework's "
-        "resume reads (inspect's CKF310, CKF311, CKF313: the framework would resume with a fresh optimizer and "
-        "schedule, or fail): refused before anything is loaded, naming the newest whole checkpoint of the run.")
+        "A run folder given as one checkpoint, a Trainer checkpoint whose save did not finish (inspect's CKF311), "
+        "or (the HF callback) a Trainer resume that restarted the schedule with a fresh optimizer because "
+        "optimizer.pt or scheduler.pt was missing (CKF310): refused before training goes on, naming the newest "
+        "whole checkpoint of the run.")

@@ -1,4 +1,4 @@
-"""Scheduler position and learning rates."""
+"""Step counters (loop, optimizer, scheduler), and learning rates."""
 
 from __future__ import annotations
 
@@ -35,6 +35,49 @@ def scheduler_vs_step(ctx: Context) -> Iterator[Finding]:
         pytorch="The schedule resumes at last_epoch: a per-epoch scheduler, gradient accumulation, or a scheduler "
         "restored from another run explain a difference; otherwise the LR after resume is not the one you expect.",
         fix="Check the scheduler is stepped once per optimizer step; `--policy reset` restarts the schedule.")
+
+
+def loop_step(ctx: Context) -> tuple[float, str] | None:
+    """The step the training loop saved and resumes from, and where: a Trainer's trainer_state.json
+    global_step, a Lightning checkpoint's global_step. Other formats' counters are not read here (their
+    meaning against the optimizer's step is not established)."""
+    ckpt = ctx.ckpt
+    if ckpt.format == "hf-trainer":
+        state = ckpt.extras.get("trainer_state")
+        value, where = (state.get("global_step") if isinstance(state, dict) else None), "trainer_state.json global_step"
+    elif ckpt.format == "lightning":
+        value, where = ckpt.extras.get("global_step"), "global_step"
+    else:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 1 << 53:
+        return None
+    return float(value), where
+
+
+@check("CKF303", "warning", "the loop's step differs from the optimizer's",
+       "The step the training loop saved (a Trainer's global_step, Lightning's global_step) is not the step count "
+       "of the optimizer saved with it: optimizer state from another save (a copy mixing two checkpoints), or a "
+       "loop stepping the optimizer differently. Information when a GradScaler explains it (skipped steps).")
+def loop_vs_optimizer(ctx: Context) -> Iterator[Finding]:
+    saved, step = loop_step(ctx), optimizer_step(ctx)
+    parts = ctx.ckpt.optimizer.parts if ctx.ckpt.optimizer is not None else None
+    if saved is None or step is None or saved[0] == step or len(parts or ()) > 1:
+        return  # several optimizers (a GAN's): Lightning's global_step counts the steps of all of them
+    loop, where = saved
+    skipped = loop - step
+    message = f"{where} is {loop:g} but the optimizer has taken {step:g} steps"
+    if ctx.ckpt.scaler and 0 < skipped <= max(20, loop * 0.01):
+        yield finding("CKF303", message + f": {skipped:g} steps skipped by the GradScaler (inf/NaN gradients)",
+                      severity="info", pytorch="Normal with AMP: the loop counts a step whose optimizer.step the "
+                      "scaler skipped.")
+        return
+    yield finding(
+        "CKF303", message, pytorch="On resume the loop continues from its own step (data position, schedule) and "
+        "Adam from its saved step (bias correction): the framework loads both as saved and says nothing. A "
+        "difference with no GradScaler means the optimizer state was not saved with these weights, or the "
+        "loop does not step the optimizer once per step.",
+        fix="Check the optimizer file comes from the same save as the weights (`ckptfix latest RUN_DIR` finds "
+        "the newest whole one); if the loop steps it differently on purpose, ignore this.")
 
 
 _HF_FINISHED = ("transformers.Trainer rebuilds the schedule from the TrainingArguments of the resumed run (the "

@@ -1,7 +1,8 @@
-"""The guard refuses a checkpoint its framework could not resume from whole (issue 42): a run folder given
-instead of one checkpoint, or a checkpoint that lacks or holds a torn file the framework's resume reads (inspect's
-CKF310, CKF311, CKF313). Either way the refusal names the newest whole checkpoint of the run, as `ckptfix latest`
-finds it, before anything is loaded."""
+"""The guard refuses a checkpoint that is not one whole save (issue 42): a run folder given instead of one
+checkpoint, or a Trainer checkpoint whose save did not finish (inspect's CKF311: trainer_state.json, written
+last, missing or torn). Either way the refusal names the newest whole checkpoint of the run, as `ckptfix latest`
+finds it, before anything is loaded. (A missing optimizer.pt or scheduler.pt, CKF310, is the Trainer's
+both-or-neither rule; ResumeGuard loads what is there and says what is not, CKF827.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any
 from ckptfix.guard.problems import Problem
 from ckptfix.latest import latest_checkpoint, run_folder_message
 
-# inspect's findings that mean "the framework would resume with a reset optimizer/schedule, or fail"
-NOT_WHOLE = ("CKF310", "CKF311", "CKF313")
+# inspect's findings that mean "this save did not finish"
+NOT_WHOLE = ("CKF311",)
 
 
 def run_folder_problem(path: str) -> Problem | None:
@@ -22,7 +23,7 @@ def run_folder_problem(path: str) -> Problem | None:
 
 
 def not_whole_problems(ckpt: Any, findings: list[Any]) -> list[Problem]:
-    """CKF829 for each error-level completeness finding of inspect, naming the run's newest whole checkpoint."""
+    """CKF829 for a save that did not finish, naming the run's newest whole checkpoint."""
     found = [f for f in findings if f.code in NOT_WHOLE and f.severity == "error"]
     if not found:
         return []
