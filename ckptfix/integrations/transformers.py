@@ -8,8 +8,9 @@ embedding rows (CKF824: more tokens than rows dies with `IndexError: index out o
 the first batch holding a new token), runs `check_training_setup` (this catches e.g. an SFTTrainer/peft run
 with 0 trainable parameters before the first cryptic "does not require grad" error) and checks the
 optimizer state the Trainer restored from `resume_from_checkpoint` against the parameters (CKF822:
-wrong-shaped moments, which the fused AdamW would turn into NaN or a heap crash), then
-probes the first `steps` optimizer steps with a `StepProbe`. Hooks used, in the order the
+wrong-shaped moments, which the fused AdamW would turn into NaN or a heap crash), warns when a resume
+changes the samples per optimizer step (CKF314: the Trainer then skips to the wrong sample and an epoch-driven
+schedule is rebuilt; `ckptfix.data_position`), then probes the first `steps` optimizer steps with a `StepProbe`. Hooks used, in the order the
 Trainer loop calls them (checked against transformers 5.23; on a version without
 `on_pre_optimizer_step` only the setup checks run):
 
@@ -22,6 +23,7 @@ Importing this module needs transformers; `ckptfix` itself never imports it.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from collections.abc import Iterable
@@ -52,8 +54,14 @@ class ResumeGuardCallback(TrainerCallback):
     Raises `ckptfix.guard.TrainingSetupError` out of `trainer.train()` on an error-level finding.
     """
 
-    def __init__(self, steps: int = 3, *, unused_ok: Iterable[str] = (), rewarm_steps: int = 100):
+    def __init__(self, steps: int = 3, *, unused_ok: Iterable[str] = (), rewarm_steps: int = 100,
+                 checkpoint: str | os.PathLike | None = None):
         self.steps = steps
+        # the folder resumed from, for the data position (CKF314); else args.resume_from_checkpoint, else the
+        # output_dir's checkpoint-<global_step> (the Trainer does not tell callbacks which folder it resumed from)
+        self.checkpoint = os.fspath(checkpoint) if checkpoint is not None else None
+        self.data_position: Any = None  # ckptfix.data_position.Position of this resume, when one was computed
+        self.resume_findings: list[Any] = []  # CKF314 `Finding`s of this resume (warned, or logged when info)
         self.unused_ok = tuple(unused_ok)
         self.rewarm_steps = rewarm_steps
         self.probe: StepProbe | None = None
@@ -74,6 +82,7 @@ class ResumeGuardCallback(TrainerCallback):
             _check_loaded_state(model, optimizer)
             self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
         _refuse_restarted_schedule(args, state, lr_scheduler)
+        self._check_data_position(args, state, lr_scheduler, kwargs.get("train_dataloader"))
         self._start_rewarm(state, optimizer)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None,
@@ -109,6 +118,59 @@ class ResumeGuardCallback(TrainerCallback):
                       f"--policy fresh` output?): re-warming the LR linearly over {self.rewarm_steps} steps",
                       TrainingSetupWarning, stacklevel=3)
 
+    def _check_data_position(self, args: Any, state: Any, lr_scheduler: Any, dataloader: Any) -> None:
+        """A resumed run (global_step > 0) with other samples per optimizer step than the checkpoint's: the
+        Trainer has already decided which batches to skip; CKF314 says what that does to the data position and
+        the LR, before the first step (warned; logged when the checkpoint records too little)."""
+        from ckptfix.checks.data_position import position_finding
+        from ckptfix.data_position import Layout, position, saved_layout
+
+        step = getattr(state, "global_step", 0) or 0
+        if step <= 0:
+            return
+        folder = _resumed_folder(self.checkpoint, args, step)
+        if folder is None:
+            logging.getLogger("ckptfix").info(
+                "CKF314: the checkpoint folder resumed from was not found (pass ResumeGuardCallback(checkpoint=...)): "
+                "the data position was not compared")
+            return
+        from ckptfix.errors import CkptfixError
+        from ckptfix.formats import read_checkpoint
+
+        try:
+            saved = saved_layout(read_checkpoint(folder))
+        except CkptfixError as exc:
+            logging.getLogger("ckptfix").info("CKF314: %s unreadable (%s): the data position was not compared",
+                                              folder, exc)
+            return
+        if saved is None:
+            return
+        batch = args.train_batch_size
+        if getattr(args, "auto_find_batch_size", False) and saved.layout.batch_size:
+            batch = saved.layout.batch_size  # the Trainer restores the checkpoint's train_batch_size then
+        new = Layout(batch, args.gradient_accumulation_steps, args.world_size)
+        dataset = getattr(dataloader, "dataset", None)
+        try:
+            length = len(dataset) if dataset is not None else None
+        except TypeError:  # an IterableDataset
+            length = None
+        pos = position(saved, new, length, ignore_data_skip=args.ignore_data_skip, args_max_steps=args.max_steps,
+                       args_epochs=args.num_train_epochs)
+        lambdas = getattr(lr_scheduler, "lr_lambdas", None)
+        if pos.lr_resumed is not None and lambdas and getattr(lr_scheduler, "base_lrs", None):
+            live = lr_scheduler.base_lrs[0] * lambdas[0](step + 1)  # the rebuilt schedule itself
+            pos.lr_resumed = (live, live)
+        self.data_position = pos
+        made = position_finding(pos, f"the Trainer's settings ({new.describe()})", fix_prefix="Train with ")
+        if made is None:
+            return
+        self.resume_findings = [made]
+        text = f"{made.code} {made.severity}: {made.message}. {made.pytorch} Fix: {made.fix}"
+        if made.severity == "info":
+            logging.getLogger("ckptfix").info("%s", text)
+        else:
+            warnings.warn(text, TrainingSetupWarning, stacklevel=3)
+
     def _probe_for(self, model: Any, optimizer: Any, lr_scheduler: Any) -> StepProbe | None:
         """The probe, created on the first step (the optimizer surely exists by then)."""
         if model is None or optimizer is None or self.steps <= 0:
@@ -121,6 +183,29 @@ class ResumeGuardCallback(TrainerCallback):
             # An accelerate-wrapped optimizer carries its GradScaler; StepProbe picks it up.
             self.probe = StepProbe(model, optimizer, steps=self.steps, unused_ok=self.unused_ok)
         return self.probe if self.probe.active else None
+
+
+def _resumed_folder(given: str | None, args: Any, step: int) -> str | None:
+    """The checkpoint folder this run resumed from at `step`: the one given, args.resume_from_checkpoint, or the
+    output_dir's checkpoint-<step> (what resume_from_checkpoint=True picks), when its trainer_state.json says
+    global_step `step`."""
+    from ckptfix.errors import CkptfixError
+    from ckptfix.untrusted import load_json_file
+
+    resumed = getattr(args, "resume_from_checkpoint", None)
+    for folder in (given, resumed if isinstance(resumed, str) else None,
+                   os.path.join(args.output_dir, f"checkpoint-{step}")):
+        if folder is None or not os.path.isfile(os.path.join(folder, "trainer_state.json")):
+            continue
+        if given is not None and folder == given:
+            return folder
+        try:
+            state = load_json_file(os.path.join(folder, "trainer_state.json"))
+        except CkptfixError:
+            continue
+        if isinstance(state, dict) and state.get("global_step") == step:
+            return folder
+    return None
 
 
 def _refuse_restarted_schedule(args: Any, state: Any, lr_scheduler: Any) -> None:
