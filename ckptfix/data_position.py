@@ -184,6 +184,7 @@ class Position:
     batches_skipped: tuple[int, int] | None = None  # per process, of the new size, in the resumed epoch
     steps_per_epoch: tuple[tuple[int, int], tuple[int, int]] | None = None  # (saved lo, hi), (resumed lo, hi)
     schedule_rebuilt: bool = False
+    ends_before_start: bool = False  # the rebuilt schedule ends at or before global_step: nothing more is trained
     total_steps: tuple[int | None, tuple[int, int] | None] = (None, None)  # saved max_steps, resumed lo..hi
     lr_original: float | None = None  # the original run's lr at step global_step + 2
     lr_resumed: tuple[float, float] | None = None  # the rebuilt schedule's there
@@ -297,6 +298,10 @@ def position(saved: Saved, new: Layout, dataset_length: int | None = None,
         batches = k1 * g1 if skip_data else 0
         skipped = e1 * max(n, 0) + min(batches * b1 * w1, cap)
         total = math.ceil(epochs * u1) if epoch_driven and n >= 0 and epochs is not None else 0
+        if total and total <= g_step:  # the rebuilt run ends before it starts: it trains nothing more
+            pos.ends_before_start = True
+            ends, within = divmod(total, u1)
+            skipped = min(skipped, ends * n + min(within * s1, n))
         rows.append((n, u0, u1, seen, skipped, e1, batches, total))
 
     def span(i: int) -> tuple[int, int]:

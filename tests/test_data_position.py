@@ -148,6 +148,15 @@ def test_fewer_samples_per_step_trains_samples_twice(original, tmp_path):
     assert found[0].fix.startswith("Resume with gradient_accumulation_steps=2")
 
 
+def test_a_rebuilt_run_that_ends_before_the_resume_trains_nothing(original, tmp_path):
+    """Batch 16: 4 steps per epoch, the 2-epoch schedule rebuilt over 8 steps, below global_step 10."""
+    report, found, guard, warned, trainer, rates = _resume(original, tmp_path, 16, 1)
+    assert trainer.trained == [] and trainer.state.global_step == SAVE
+    assert guard.data_position.ends_before_start and guard.data_position.difference == (88, 88)
+    assert "past the end of its rebuilt run at sample 128, and trains nothing more: 88 samples are never " \
+        "trained" in found[0].message and "nothing is left to train" in found[0].message and len(warned) == 1
+
+
 def test_same_samples_per_step_no_finding_and_the_stream_goes_on(original, tmp_path):
     _, stream, lr = original
     report, found, guard, warned, trainer, rates = _resume(original, tmp_path, 4, 1)
@@ -245,3 +254,20 @@ def test_lr_lambdas_are_transformers(kind, kwargs):
     for step in (0, 3, 7, 11, 40, 63, 64, 70):
         ours = lr_lambda(kind, step, 64, 7, kwargs, lr_init=1e-3)
         assert ours == pytest.approx(sched.lr_lambdas[0](step)), (kind, step)
+
+
+def test_max_steps_run_keeps_its_schedule_and_a_lengthless_dataset_has_no_epochs():
+    """Compute only: with max_steps set the schedule's length is the argument (nothing rebuilt); a dataset without
+    __len__ (trainer_state's num_train_epochs = sys.maxsize) is one endless epoch: no wrap."""
+    import sys
+
+    from ckptfix.data_position import Layout, Saved, position
+
+    saved = Saved(Layout(4, 1, 1), global_step=10, epoch=0.625, max_steps=100, state_epochs=7, args_max_steps=100,
+                  args_epochs=3.0, scheduler_type="linear", warmup=0.0, base_lr=1e-3)
+    pos = position(saved, Layout(8, 1, 1), 64)
+    assert (pos.seen, pos.skipped, pos.difference) == ((40, 40), (80, 80), (40, 40))
+    assert not pos.schedule_rebuilt and pos.lr_resumed is None
+    saved.state_epochs, saved.epoch = sys.maxsize, 10 / 100
+    pos = position(saved, Layout(4, 1, 2))
+    assert pos.lengthless and (pos.seen, pos.skipped, pos.difference) == ((40, 40), (80, 80), (40, 40))

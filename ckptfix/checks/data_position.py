@@ -47,9 +47,11 @@ def position_finding(pos: Position, settings: str, fix_prefix: str = "Resume wit
         outcome = f"between {-lo} samples trained twice and {hi} never trained"
     where = (f"{_span(pos.epochs_skipped)} epoch(s) and {_span(pos.batches_skipped)} batches of "
              f"{pos.new.batch_size} per process")
+    skips = (f"the resumed Trainer skips {_span(pos.skipped)} ({where})" if not pos.ends_before_start else
+             f"the resumed Trainer would skip {where}, past the end of its rebuilt run at sample {_span(pos.skipped)}, "
+             "and trains nothing more")
     message = (f"samples per optimizer step change from {saved.layout.describe()} to {pos.new.describe()}: at "
-               f"global_step {step} the saved run had drawn {_span(pos.seen)} samples; the resumed Trainer skips "
-               f"{_span(pos.skipped)} ({where}): {outcome}")
+               f"global_step {step} the saved run had drawn {_span(pos.seen)} samples; {skips}: {outcome}")
     if pos.dataset_length is not None and pos.dataset_length[0] != pos.dataset_length[1]:
         message += (f" (the dataset length is known only to lie in {_span(pos.dataset_length)}: give it for one "
                     "number)")
