@@ -87,13 +87,13 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def spread(points: list[KillPoint], most: int) -> list[KillPoint]:
-    """At most `most` points evenly spread over the run (all of them when there are fewer); every call that
-    is not a data write is kept first: names and links are where protocols break."""
+    """At most `most` points evenly spread over the run, its first and last included (all of them when there
+    are fewer); every call that is not a data write is kept first: names and links are where protocols break."""
     structural = [p for p in points if p.call not in ("write", "pwrite64")]
     writes = [p for p in points if p.call in ("write", "pwrite64")]
-    if len(structural) >= most:
-        step = len(structural) / most
-        return [structural[int(i * step)] for i in range(most)]
+    if len(structural) >= most:  # the first and the last always: the undo record's first write, the cleanup
+        last = len(structural) - 1
+        return [structural[round(i * last / (most - 1))] for i in range(most)] if most > 1 else structural[:1]
     room = most - len(structural)
     step = max(1, len(writes) / room) if room else 1
     return structural + [writes[int(i * step)] for i in range(min(room, len(writes)))]

@@ -9,6 +9,7 @@ removes the added files. Both can be interrupted and run again: each step is don
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -41,7 +42,12 @@ class InPlace:
         self.added: list[str] = []
         self.backups: dict[str, str] = {}
         self._scratch: str | None = None
-        self._log()  # the undo record before anything is touched
+        try:
+            self._log()  # the undo record before anything is touched
+        except (OSError, RepairError):  # e.g. the folder's fsync after the rename failed: nothing else was done
+            with contextlib.suppress(OSError):
+                os.remove(self.path(RESTORE_FILE))
+            raise
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -169,9 +175,20 @@ def finish_interrupted(folder: str) -> list[str]:
     state = load_json_file(record, limit=MAX_RESTORE_BYTES, what="restore list", error=RepairError,
                            bad="not a restore list (invalid JSON)")
     if not isinstance(state, dict) or state.get("complete") is not False:
-        return []  # a complete repair (or an old list): InPlace refuses and names `ckptfix restore`
+        return _finish_complete(folder, state)  # InPlace then refuses a second repair, naming `ckptfix restore`
     done = restore(folder)
     return [f"an interrupted in-place repair undone first ({'; '.join(done) or 'nothing to put back'})"]
+
+
+def _finish_complete(folder: str, state: Any) -> list[str]:
+    """A complete repair killed before it removed its scratch folder (the last step): remove it now."""
+    added = state.get("added") if isinstance(state, dict) else None
+    left = [name for name in (added if isinstance(added, list) else [])
+            if isinstance(name, str) and name.startswith(SCRATCH_PREFIX) and "/" not in name
+            and os.path.isdir(os.path.join(folder, name)) and not os.path.islink(os.path.join(folder, name))]
+    for name in left:
+        shutil.rmtree(os.path.join(folder, name))
+    return [f"a finished in-place repair's scratch folder removed ({escape(', '.join(left))})"] if left else []
 
 
 def _undo(folder: str, switch: str, backups: dict[str, str], added: list[str]) -> list[str]:
