@@ -8,7 +8,8 @@ parses). A reader's one-line `UnreadableCheckpoint` is the reason a candidate is
 
 Candidates: Hugging Face Trainer `checkpoint-N/` (newest = highest N, as `transformers.trainer_utils.
 get_last_checkpoint`), Lightning `*.ckpt` (`last.ckpt` first, then `step=N` in the name, then mtime), DCP /
-torchtitan `step-N/`, Megatron `iter_N/` and DeepSpeed `global_stepN/`.
+torchtitan `step-N/`, Megatron `iter_N/`, DeepSpeed `global_stepN/` and accelerate's `checkpoint_N/`
+(`automatic_checkpoint_naming`; newest = highest N, as `Accelerator.load_state()` picks it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ HF_TRAINER = re.compile(r"^checkpoint-(\d+)$")  # transformers' _re_checkpoint
 DCP_STEP = re.compile(r"^step-(\d+)$")
 MEGATRON_ITER = re.compile(r"^iter_(\d+)$")
 DEEPSPEED_STEP = re.compile(r"^global_step(\d+)$")
+ACCELERATE_STEP = re.compile(r"^checkpoint_(\d+)$")  # ProjectConfiguration(automatic_checkpoint_naming=True)
 LIGHTNING_STEP = re.compile(r"step=(\d+)")
 LIGHTNING_EPOCH = re.compile(r"epoch=(\d+)")
 
@@ -33,7 +35,7 @@ class Candidate:
     """One checkpoint of the run: its path, kind, and why it is not whole (`reasons`, empty when it is)."""
 
     path: str
-    kind: str  # hf-trainer, lightning, dcp, megatron, deepspeed
+    kind: str  # hf-trainer, lightning, dcp, megatron, deepspeed, accelerate
     order: tuple[float, int]  # (step-like number, mtime_ns): larger is newer
     reasons: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # whole, but worth saying (no RNG state)
@@ -87,7 +89,7 @@ def find_candidates(folder: str) -> list[Candidate]:
         path = os.path.join(folder, name)
         if os.path.isdir(path):
             for kind, pattern in (("hf-trainer", HF_TRAINER), ("dcp", DCP_STEP), ("megatron", MEGATRON_ITER),
-                                  ("deepspeed", DEEPSPEED_STEP)):
+                                  ("deepspeed", DEEPSPEED_STEP), ("accelerate", ACCELERATE_STEP)):
                 if m := pattern.match(name):
                     out.append(Candidate(path, kind, (int(m.group(1)), _mtime(path))))
         elif name.endswith(".ckpt") and os.path.isfile(path):
@@ -115,7 +117,8 @@ def check_candidate(cand: Candidate, *, scan: bool = False) -> None:
     """Fill `cand.reasons` (why it is not whole) and `cand.notes`."""
     try:
         {"hf-trainer": _check_hf_trainer, "lightning": _check_lightning, "dcp": _check_dcp,
-         "megatron": _check_megatron, "deepspeed": _check_deepspeed}[cand.kind](cand, scan)
+         "megatron": _check_megatron, "deepspeed": _check_deepspeed,
+         "accelerate": _check_accelerate}[cand.kind](cand, scan)
     except CkptfixError as exc:
         cand.reasons.append(_one_line(str(exc)))
     except OSError as exc:  # a folder that cannot be listed, a file gone while being read
@@ -172,22 +175,7 @@ def _check_json(path: str) -> None:
 def _check_torch_file(path: str, scan: bool) -> None:
     from ckptfix.formats import torch_file
 
-    with open(path, "rb") as f:
-        head = f.read(16)
-    kind = torch_file.sniff(head)
-    if kind == "torch-zip":
-        archive = torch_file.open_archive(path)  # the central directory, at the end: a truncated file has none
-        for name in archive.members:
-            if name.startswith(f"{archive.prefix}/data/"):
-                archive.record_range(name.split("/data/", 1)[1])  # each record lies inside the file
-        if scan:
-            bad = archive.verify_crcs()
-            if bad:
-                raise UnreadableCheckpoint(f"{path}: {len(bad)} record(s) fail their CRC-32 ({', '.join(bad[:3])})")
-    elif kind == "torch-legacy":
-        torch_file.load(path, opaque=True)
-    else:
-        raise UnreadableCheckpoint(f"{path}: neither a torch.save zip nor a legacy torch.save stream")
+    torch_file.check_whole(path, scan=scan)
 
 
 # -- the kinds ---------------------------------------------------------------------------------------------------
@@ -325,6 +313,25 @@ def _check_deepspeed_folder(cand: Candidate, d: str, scan: bool) -> None:
         cand.reasons.append(f"no {prefix}*optim_states.pt")
     for n in models + optims:
         if reason := file_reason(os.path.join(d, n), prefix + n, scan=scan):
+            cand.reasons.append(reason)
+
+
+def _check_accelerate(cand: Candidate, scan: bool) -> None:
+    """What `Accelerator.load_state` reads (`accelerate_folder.resume_files`): a missing weights/optimizer/scheduler/
+    custom_checkpoint file or a torn one stops it; a missing or torn random_states file it skips (a note)."""
+    from ckptfix.formats import accelerate_folder
+
+    ckpt = accelerate_folder.read(cand.path)  # a torn weights/optimizer/scheduler/scaler file: its refusal
+    files = ckpt.extras["accelerate_files"]
+    for name in sorted(files["missing"]):
+        (cand.notes if name.startswith("random_states") else cand.reasons).append(f"no {name}")
+    for name, why in sorted(files["torn"].items()):
+        (cand.notes if name.startswith("random_states") else cand.reasons).append(f"{name}: {_one_line(why)}")
+    if not files["rng"]:
+        cand.notes.append("no random_states_0.pkl: load_state resumes without restoring the RNGs")
+    for part in ("model", "optimizer", "scheduler", "scaler"):
+        file = ckpt.files.get(part)
+        if file and (reason := file_reason(file, os.path.basename(file), scan=scan)):
             cand.reasons.append(reason)
 
 

@@ -278,6 +278,35 @@ def byte_order(archive: TorchArchive) -> str:
     return value.decode()
 
 
+def check_whole(path: str, *, scan: bool = False) -> None:
+    """Raise `UnreadableCheckpoint` unless `path` is a whole torch.save file, without unpickling anything: a zip's
+    central directory parses and every record lies inside the file (`scan`: and matches its CRC-32); a legacy
+    stream is read with the allowlist in opaque mode (nothing imported or called)."""
+    from ckptfix.formats import open_regular
+
+    try:
+        with open_regular(path) as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
+    if not head:
+        raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
+    kind = sniff(head)
+    if kind == "torch-zip":
+        archive = open_archive(path)  # the central directory, at the end: a truncated file has none
+        for name in archive.members:
+            if name.startswith(f"{archive.prefix}/data/"):
+                archive.record_range(name.split("/data/", 1)[1])  # each record lies inside the file
+        if scan:
+            bad = archive.verify_crcs()
+            if bad:
+                raise UnreadableCheckpoint(f"{path}: {len(bad)} record(s) fail their CRC-32 ({', '.join(bad[:3])})")
+    elif kind == "torch-legacy":
+        load(path, opaque=True)
+    else:
+        raise UnreadableCheckpoint(f"{path}: neither a torch.save zip nor a legacy torch.save stream")
+
+
 def load(path: str, *, opaque: bool = False,
          refusals: list[str] | None = None) -> tuple[Any, common.Locator, TorchArchive | None]:
     """Unpickle a torch file with the allowlist: the tree, how to find each storage, the archive.
@@ -289,6 +318,8 @@ def load(path: str, *, opaque: bool = False,
             head = f.read(16)
     except OSError as exc:
         raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
+    if not head:
+        raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
     kind = sniff(head)
     if kind == "torch-zip":
         archive = open_archive(path)
