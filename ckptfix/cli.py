@@ -269,23 +269,27 @@ def convert(checkpoint: str, out: str | None, dry_run: bool, force: bool, as_jso
 @click.option("--atol", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
               help="Count a tensor as changed only if some value moved by more than this.")
 @click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
+@click.option("--tokenizer", type=click.Path(), default=None,
+              help="B's tokenizer: say per new token whether its embedding and head rows learned, and why not.")
 @_QUIET
-def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, quiet: bool) -> None:
+def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, tokenizer: str | None, quiet: bool) -> None:
     """Compare checkpoint A (earlier) with B (later): which tensors changed, and are weights moving?
 
     Exit code 0 when trainable weights changed, or when both are saved at the same step (no training lies
     between them: a copy or a repaired copy; the verdict says so); 1 when training between two different (or
-    unknown) steps changed no trainable weight; 2 for unreadable input.
+    unknown) steps changed no trainable weight, or a new token's rows did not learn (--tokenizer: tokens added
+    past the base vocabulary or past A's rows; a frozen table, a token never in the data); 2 for unreadable input.
 
     \b
     Examples:
       ckptfix diff ckpt-step1000.pth ckpt-step2000.pth
+      ckptfix diff resized/ output/checkpoint-50 --tokenizer output/checkpoint-50
       ckptfix diff output/checkpoint-500 output/checkpoint-1000 --json
       ckptfix diff run/epoch=1.ckpt run/epoch=2.ckpt --atol 1e-6
     """
     from ckptfix.compare import diff as run_diff
 
-    report = run_diff(a, b, atol=atol, progress=terminal_progress(quiet), trust_pickle=trust_pickle)
+    report = run_diff(a, b, atol=atol, progress=terminal_progress(quiet), trust_pickle=trust_pickle, tokenizer=tokenizer)
     if as_json:
         _emit_json(report.to_json())
     else:

@@ -21,7 +21,7 @@ import numpy as np
 from ckptfix.checkpoint import Checkpoint, TensorInfo, collapse_repeats, overlaps_itself, widen_stored
 from ckptfix.errors import CkptfixError, UnreadableCheckpoint
 from ckptfix.formats import read_checkpoint
-from ckptfix.mapping import map_optimizer
+from ckptfix.mapping import PEFT_FROZEN_COPY, map_optimizer, trainable_names
 
 SCHEMA = "ckptfix.diff/1"
 CHUNK_ELEMENTS = 1 << 20  # values per side per chunk: a few float64 temporaries of 8 MiB each
@@ -72,6 +72,7 @@ class DiffReport:
     trainable_from: str = "optimizer state"  # or "float parameters", or "not known" (see `unmapped`)
     unmapped: str = ""  # why trainable is not known: the optimizer entries not mapped to names
     notes: list[str] = field(default_factory=list)
+    tokens: Any = None  # token_learning.TokensReport: the new tokens' rows, when a tokenizer is given or rows grew
 
     def with_status(self, *statuses: str) -> list[TensorDiff]:
         return [t for t in self.tensors if t.status in statuses]
@@ -97,7 +98,9 @@ class DiffReport:
     @property
     def exit_code(self) -> int:
         """0 when weights move (or both sides are the same step); 1 when training between two steps
-        changed nothing trainable (a finding, like inspect's errors)."""
+        changed nothing trainable (a finding, like inspect's errors), or when a new token did not learn."""
+        if self.tokens is not None and self.tokens.severity:
+            return 1
         return 0 if self.moving or self.same_step else 1
 
     @property
@@ -149,26 +152,33 @@ class DiffReport:
             "moving": self.moving,
             "verdict": self.verdict,
             "tensors": [t.to_json() for t in self.tensors],
+            "tokens": self.tokens.to_json() if self.tokens is not None else None,
             "notes": self.notes,
         }
 
 
 def diff(a: str | os.PathLike, b: str | os.PathLike, *, atol: float = 0.0, progress: Progress | None = None,
-         trust_pickle: bool = False) -> DiffReport:
-    """Compare checkpoint `a` (earlier) with `b` (later), in any supported formats."""
+         trust_pickle: bool = False, tokenizer: str | os.PathLike | None = None) -> DiffReport:
+    """Compare checkpoint `a` (earlier) with `b` (later), in any supported formats. With `tokenizer` (B's),
+    say per new token whether its embedding and head rows learned (`DiffReport.tokens`)."""
     if atol < 0 or not math.isfinite(atol):
         raise CkptfixError(f"atol must be a finite number >= 0, got {atol}")
+    tok = None
+    if tokenizer is not None:
+        from ckptfix.tokenizers import load_tokenizer
+
+        tok = load_tokenizer(tokenizer)
     ca = read_checkpoint(a, trust_pickle=trust_pickle)
     cb = read_checkpoint(b, trust_pickle=trust_pickle)
-    return diff_checkpoints(ca, cb, atol=atol, progress=progress)
+    return diff_checkpoints(ca, cb, atol=atol, progress=progress, tokenizer=tok)
 
 
 def diff_checkpoints(ca: Checkpoint, cb: Checkpoint, *, atol: float = 0.0,
-                     progress: Progress | None = None) -> DiffReport:
-    """`diff` on two already-read checkpoints."""
-    trainable, source, unmapped = _trainable(ca, cb)
+                     progress: Progress | None = None, tokenizer: Any = None) -> DiffReport:
+    """`diff` on two already-read checkpoints (`tokenizer`: a loaded `TokenizerInfo`)."""
+    trainable, source, unmapped, trainable_notes = _trainable(ca, cb)
     report = DiffReport(Side(ca.path, ca.format, checkpoint_step(ca)), Side(cb.path, cb.format, checkpoint_step(cb)),
-                        [], atol, source, unmapped=unmapped)
+                        [], atol, source, unmapped=unmapped, notes=trainable_notes)
     pairs = []
     for name, ta in ca.model.items():
         tb = cb.model.get(name)
@@ -187,6 +197,12 @@ def diff_checkpoints(ca: Checkpoint, cb: Checkpoint, *, atol: float = 0.0,
     for ta in items:
         _, tb, entry = by_tensor[id(ta)]
         compare(ta, tb, entry, atol)
+    from ckptfix.token_learning import token_learning
+
+    a_step, b_step = report.a.step, report.b.step
+    steps = b_step - a_step if a_step is not None and b_step is not None else b_step
+    report.tokens = token_learning(ca, cb, tokenizer, steps=steps,
+                                   trainable=trainable if report.known and source == "optimizer state" else None)
     report.notes.extend(_notes(report, ca, cb))
     return report
 
@@ -246,29 +262,46 @@ def _widen(t: TensorInfo, chunk: np.ndarray) -> np.ndarray:
     return chunk.astype(np.complex128 if np.iscomplexobj(chunk) else np.float64)
 
 
-def _trainable(ca: Checkpoint, cb: Checkpoint) -> tuple[set[str], str, str]:
-    """(names, where they come from, why they are not known): the names with optimizer state in either
+def _trainable(ca: Checkpoint, cb: Checkpoint) -> tuple[set[str], str, str, list[str]]:
+    """(names, where they come from, why they are not known, notes): the names with optimizer state in either
     checkpoint; every float parameter when neither has per-parameter state, or when some entry with state
-    has no name (then which tensors are trainable is not known, and counting only the named ones would
-    report a few tensors as all the trainable ones)."""
+    has no name and the set cannot be had otherwise (then which tensors are trainable is not known, and
+    counting only the named ones would report a few tensors as all the trainable ones). Where the entries are
+    not all named (an HF Trainer folder) or were named by order onto PEFT's frozen copies, the set still is
+    certain when the entries' shapes are exactly every parameter's or PEFT's trained tensors'
+    (`mapping.trainable_names`)."""
     names: set[str] = set()
     unmapped: list[tuple[str, str]] = []
+    notes: list[str] = []
     for side, ckpt in (("A", ca), ("B", cb)):
         if ckpt.optimizer is None:
             continue
         mapping = map_optimizer(ckpt)
         stateful = [i for i, ps in ckpt.optimizer.state.items() if ps.tensors or ps.step is not None]
-        names.update(mapping.names[i] for i in stateful if i in mapping.names)
         missing = sum(i not in mapping.names for i in stateful)
-        if missing:
-            unmapped.append((side, f"{missing} of {len(stateful)} optimizer entries have no name"))
+        onto_frozen = not mapping.by_name and any(PEFT_FROZEN_COPY.search(n) for n in mapping.names.values())
+        if missing or onto_frozen:
+            found = trainable_names(ckpt)
+            if found is not None:
+                names.update(found[0])
+                why = (f"{missing} of {len(stateful)} entries have no name" if missing else
+                       f"their order ({mapping.method}) would give them to PEFT's frozen copies")
+                notes.append(f"trainable in {side}: the optimizer's entries are not named one by one ({why}); "
+                             f"the {len(found[0])} tensors it trains are certain: {found[1]}")
+                continue
+            unmapped.append((side, f"{missing} of {len(stateful)} optimizer entries have no name" if missing else
+                             "the optimizer's entries are mapped by order onto PEFT's frozen copies"))
+            continue
+        names.update(mapping.names[i] for i in stateful if i in mapping.names)
     floats = set(ca.parameters()) | set(cb.parameters())
     if unmapped:
         said = {why for _, why in unmapped}
-        return floats, "not known", (said.pop() if len(said) == 1 else "; ".join(f"{s}: {w}" for s, w in unmapped))
+        return floats, "not known", (said.pop() if len(said) == 1 else "; ".join(f"{s}: {w}" for s, w in unmapped)), []
+    if len(notes) == 2 and notes[0].replace("in A:", "in B:", 1) == notes[1]:
+        notes = [notes[1].replace("in B:", "in A and B:", 1)]
     if names:
-        return names, "optimizer state", ""
-    return floats, "float parameters", ""
+        return names, "optimizer state", "", notes
+    return floats, "float parameters", "", []
 
 
 def checkpoint_step(ckpt: Checkpoint) -> float | None:

@@ -278,3 +278,32 @@ def names_for_resume(ckpt: Checkpoint, mapping: ParamMapping, live_in_model_orde
     if method in ("position", "aligned") and pickled_order and live_in_model_order:
         return names, "inferred"
     return None, "none"
+
+
+# What a PEFT model trains, by name (`mark_only_lora_as_trainable`, `modules_to_save`, trainable tokens): the LoRA
+# matrices, the trained copy of a module to save (`modules_to_save.<adapter>`), the trainable token rows. Its
+# frozen copies (`original_module`, `base_layer`, the `token_adapter.base_layer` table) are never trained.
+PEFT_TRAINED = re.compile(r"(^|\.)(lora_[A-Za-z_]+|modules_to_save|trainable_tokens_delta)(\.|$)")
+PEFT_FROZEN_COPY = re.compile(r"(^|\.)(original_module|base_layer)(\.|$)")
+
+
+def trainable_names(ckpt: Checkpoint) -> tuple[set[str], str] | None:
+    """The parameters the optimizer trains, as a set, where the entries are not all named one by one (an HF
+    Trainer folder: the entries follow the model class's order, the weights file is sorted by name) but the
+    set is still certain: the optimizer's entries, counted with their moment shapes, are exactly every
+    parameter's (every parameter is trained), or exactly the parameters PEFT trains by name (never its frozen
+    `original_module` / `base_layer` copies). (names, how), or None when neither fits or an entry has no state."""
+    from collections import Counter
+
+    opt = ckpt.optimizer
+    if opt is None:
+        return None
+    shapes = Counter(moment_shape(opt.state.get(i)) for i in opt.indices())
+    if not shapes or None in shapes:
+        return None
+    params = ckpt.parameters()
+    peft = [n for n in params if PEFT_TRAINED.search(n)]
+    for how, names in (("entry shapes = every parameter's", params), ("entry shapes = PEFT's trained tensors'", peft)):
+        if names and sum(shapes.values()) == len(names) and shapes == Counter(ckpt.model[n].shape for n in names):
+            return set(names), how
+    return None

@@ -215,9 +215,46 @@ def render_diff(report: Any) -> str:
             lines.append(_line("removed", f"{t['name']} {t['shape_a']} {t['dtype_a']}"))
         elif t["status"] == "reshaped":
             lines.append(_line("reshaped", f"{t['name']} {t['shape_a']} {t['dtype_a']} -> {t['shape_b']} {t['dtype_b']}"))
+    lines.extend(_tokens(data["tokens"]))
     for note in data["notes"]:
         lines.append(_line("note", note))
     return _join(lines)
+
+
+def _tokens(tokens: dict | None) -> list[str]:
+    """diff's per-token section: one line per new token (its embedding row, its head row), then causes and fixes."""
+    if tokens is None:
+        return []
+    lines = [_line("tokens", tokens["summary"])]
+    for t in tokens["tokens"]:
+        name = f"{t['token']!r} ({t['id']})" if t["token"] is not None else f"id {t['id']}"
+        verdict = {True: "learned", False: "NOT learned", None: "not known"}[t["learned"]]
+        head = _row(t["head"]) + (" (the softmax alone: never a target)" if t["cause"] == "never-in-data"
+                                  and t["head"]["status"] == "learned" else "")
+        lines.append(_line("", f"{name}  {verdict}: embedding {_row(t['embedding'])}; head {head}"))
+    for cause in tokens["causes"]:
+        lines.append(_line("cause", cause))
+    for fix in tokens["fixes"]:
+        lines.append(_line("fix", fix))
+    for note in tokens["notes"]:
+        lines.append(_line("note", note))
+    return lines
+
+
+def _row(r: dict) -> str:
+    status = r["status"]
+    if status in ("tied", "frozen"):  # the cause line says why, once
+        return status
+    if status == "unknown":
+        return f"not known ({r['detail']})" if r["detail"] else "not known"
+    parts = [{"decay-only": "weight decay only", "no-row-in-A": "new since A"}.get(status, status)]
+    if isinstance(r["rel_change"], float) or r["rel_change"] == "inf":
+        parts.append(f"rel {_g(r['rel_change'])}")
+    if r["decay_factor"] is not None:
+        parts.append(f"B = A x {r['decay_factor']:.5f}")
+    if r["exp_avg_sq_row_zero"] is not None:
+        parts.append("exp_avg_sq row 0" if r["exp_avg_sq_row_zero"] else "exp_avg_sq > 0")
+    return parts[0] + (f" ({', '.join(parts[1:])})" if len(parts) > 1 else "")
 
 
 def _side_step(side: dict) -> str:

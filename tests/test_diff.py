@@ -170,29 +170,42 @@ def test_cli_exit_codes(moving, frozen, tmp_path, capsys):
 
 
 @pytest.mark.transformers
-def test_trainer_folders_say_trainable_is_not_known(tmp_path, capsys):
-    """Two HF Trainer checkpoints (issue 46): model.safetensors has sorted keys and optimizer.pt holds state by
-    index, so the optimizer's entries are not all mapped to names. diff must not report the one or two it could
-    name as "2 of 2 trainable tensors": it says trainable is not known and counts every float tensor."""
+def test_trainer_folders_trainable_set_from_entry_shapes(tmp_path, capsys):
+    """Two HF Trainer checkpoints (issue 46, 45 item 3): model.safetensors has sorted keys and optimizer.pt holds
+    state by index, so the entries are not all named one by one. Their shapes are exactly the 28 parameters'
+    (GPT-2 ties its head: not stored): every parameter is trained, said from optimizer state. With one parameter
+    frozen (wpe: 27 entries) the set is not certain from shapes: diff still says trainable is not known and
+    counts every float tensor, never the few it could name as "2 of 2 trainable tensors"."""
     transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
-                                                                 n_positions=32))
     ids = torch.randint(0, 64, (16, 12), generator=torch.Generator().manual_seed(0))
-    args = transformers.TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=6, save_steps=3, report_to=[],
-                                          use_cpu=True, per_device_train_batch_size=4, disable_tqdm=True)
-    transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids]).train()
-    a, b = tmp_path / "out" / "checkpoint-3", tmp_path / "out" / "checkpoint-6"
+
+    def run(out, freeze=()):
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=64,
+                                                                     n_positions=32))
+        for name in freeze:
+            model.get_parameter(name).requires_grad_(False)
+        args = transformers.TrainingArguments(output_dir=str(out), max_steps=6, save_steps=3, report_to=[],
+                                              use_cpu=True, per_device_train_batch_size=4, disable_tqdm=True)
+        transformers.Trainer(model=model, args=args, train_dataset=[{"input_ids": r, "labels": r} for r in ids]).train()
+        return out / "checkpoint-3", out / "checkpoint-6"
+
+    a, b = run(tmp_path / "out")
     report = diff(a, b)
     n = len(report.tensors)
     entries = len(torch.load(a / "optimizer.pt", weights_only=True)["state"])
-    assert report.trainable_from == "not known" and not report.known
+    assert n == entries == 28 and report.trainable_from == "optimizer state" and report.known
+    assert report.summary_line == f"{n} of {n} trainable tensors changed between step 3 and step 6"
+    assert report.verdict == "weights are moving: every trainable tensor changed" and report.exit_code == 0
+    assert any(f"the {n} tensors it trains are certain: entry shapes = every parameter's" in x for x in report.notes)
+    code, out = _cli(["diff", str(a), str(b)], capsys)
+    assert code == 0 and f"trainable  {report.summary_line} (from optimizer state)\n" in out
+
+    a, b = run(tmp_path / "frozen", freeze=["transformer.wpe.weight"])
+    report = diff(a, b)
+    entries = len(torch.load(a / "optimizer.pt", weights_only=True)["state"])
+    assert entries == 27 and report.trainable_from == "not known" and not report.known
     missing = int(report.unmapped.split()[0])
     assert 0 < missing <= entries and report.unmapped == f"{missing} of {entries} optimizer entries have no name"
-    assert report.summary_line == (
-        "not known — the optimizer's entries are not mapped to names in this format "
-        f"({report.unmapped}); every float tensor counted: {n} of {n} changed between step 3 and step 6")
-    assert report.verdict == "weights are moving: every float tensor changed" and report.exit_code == 0
-    code, out = _cli(["diff", str(a), str(b)], capsys)
-    assert code == 0 and f"trainable  {report.summary_line}\n" in out and "trainable tensors" not in out
+    assert report.summary_line.startswith("not known — the optimizer's entries are not mapped to names")
     assert json.loads(json.dumps(report.to_json()))["summary"]["trainable_unmapped"] == report.unmapped
