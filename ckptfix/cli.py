@@ -78,6 +78,30 @@ def _emit_json(data: object) -> None:
     click.echo(text if remote is None else json.dumps(remote.shown_tree(json.loads(text)), indent=2))
 
 
+_HTML = click.option("--html", type=click.Path(), metavar="PATH",
+                     help="Also write the report as one self-contained HTML page (inline SVG charts, no script, "
+                     "nothing loaded from elsewhere) to PATH; refused if PATH exists, unless --force.")
+_HTML_FORCE = click.option("--force", is_flag=True, help="Replace the --html file if it exists.")
+
+
+def _check_html(html: str | None, inputs: list[str], force: bool) -> None:
+    """Refuse an --html PATH that exists (without --force) or is an input before any work: the HTML module
+    (numpy) is imported only when --html is given."""
+    if html is not None:
+        from ckptfix.html_report import check_target
+
+        check_target(html, inputs, force=force)
+
+
+def _html_line(html: str | None) -> str:
+    if html is None:
+        return ""
+    from ckptfix.render import _line
+    from ckptfix.untrusted import escape
+
+    return "\n" + _line("html", f"wrote {escape(html)}")
+
+
 VERSION_LINE = f"ckptfix, version {__version__}"
 
 
@@ -117,10 +141,13 @@ def cli() -> None:
 @click.option("--world-size", type=click.IntRange(min=1), help="Trainer resume: its number of processes.")
 @click.option("--dataset-length", type=click.IntRange(min=1), help="Trainer resume: the training set's length "
               "(else bounded from trainer_state.json).")
+@_HTML
+@_HTML_FORCE
 @_QUIET
 def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, as_json: bool, scan: bool, verify: bool,
             trust_pickle: bool, select: tuple[str, ...], ignore: tuple[str, ...], batch_size: int | None,
-            grad_accum: int | None, world_size: int | None, dataset_length: int | None, quiet: bool) -> None:
+            grad_accum: int | None, world_size: int | None, dataset_length: int | None, html: str | None, force: bool,
+            quiet: bool) -> None:
     """Report model, optimizer, scheduler and scaler state, and list findings.
 
     \b
@@ -129,22 +156,28 @@ def inspect(checkpoint: str, tokenizer: str | None, from_tokenizer: str | None, 
       ckptfix inspect output/checkpoint-500 --tokenizer output/ --json
       ckptfix inspect ckpt.pth --scan --verify
       ckptfix inspect output/checkpoint-500 --batch-size 8 --grad-accum 2 --world-size 1
+      ckptfix inspect ckpt.pth --tokenizer tok.model --html report.html
     """
     from ckptfix.data_position import ResumeWith
     from ckptfix.inspect import inspect as run_inspect
 
+    _check_html(html, [checkpoint], force)
     given = (batch_size, grad_accum, world_size, dataset_length)
     resume = ResumeWith(*given) if any(v is not None for v in given) else None
     report = run_inspect(checkpoint, tokenizer, scan=scan, verify=verify, trust_pickle=trust_pickle,
                          from_tokenizer=from_tokenizer, progress=terminal_progress(quiet), resume=resume)
     if select or ignore:
         report.select(select, ignore)
+    if html is not None:
+        from ckptfix.html_report import write_inspect_html
+
+        write_inspect_html(report, html, force=force)
     if as_json:
         _emit_json(report.to_json())
     else:
         from ckptfix.render import render_report
 
-        _echo(render_report(report))
+        _echo(render_report(report) + _html_line(html))
     sys.exit(report.exit_code)
 
 
@@ -271,8 +304,11 @@ def convert(checkpoint: str, out: str | None, dry_run: bool, force: bool, as_jso
 @click.option("--trust-pickle", is_flag=True, help="Read pickles with globals outside the allowlist as inert records.")
 @click.option("--tokenizer", type=click.Path(), default=None,
               help="B's tokenizer: say per new token whether its embedding and head rows learned, and why not.")
+@_HTML
+@_HTML_FORCE
 @_QUIET
-def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, tokenizer: str | None, quiet: bool) -> None:
+def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, tokenizer: str | None, html: str | None,
+         force: bool, quiet: bool) -> None:
     """Compare checkpoint A (earlier) with B (later): which tensors changed, and are weights moving?
 
     Exit code 0 when trainable weights changed, or when both are saved at the same step (no training lies
@@ -286,16 +322,22 @@ def diff(a: str, b: str, as_json: bool, atol: float, trust_pickle: bool, tokeniz
       ckptfix diff resized/ output/checkpoint-50 --tokenizer output/checkpoint-50
       ckptfix diff output/checkpoint-500 output/checkpoint-1000 --json
       ckptfix diff run/epoch=1.ckpt run/epoch=2.ckpt --atol 1e-6
+      ckptfix diff ckpt-step1000.pth ckpt-step2000.pth --html diff.html
     """
     from ckptfix.compare import diff as run_diff
 
+    _check_html(html, [a, b], force)
     report = run_diff(a, b, atol=atol, progress=terminal_progress(quiet), trust_pickle=trust_pickle, tokenizer=tokenizer)
+    if html is not None:
+        from ckptfix.html_report import write_diff_html
+
+        write_diff_html(report, html, force=force, trust_pickle=trust_pickle, tokenizer=tokenizer)
     if as_json:
         _emit_json(report.to_json())
     else:
         from ckptfix.render import render_diff
 
-        _echo(render_diff(report))
+        _echo(render_diff(report) + _html_line(html))
     sys.exit(report.exit_code)
 
 

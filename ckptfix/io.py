@@ -91,6 +91,31 @@ def atomic_write(path: str, data: bytes) -> None:
         f.write(data)
 
 
+def atomic_new(path: str, data: bytes) -> None:
+    """`path` created with `data`, whole or not at all: a temp of a unique name (mkstemp: O_EXCL|O_NOFOLLOW)
+    beside it, fsync, then linked to `path` (`move_new`: an entry already there, a planted link included, makes
+    it fail and is never replaced or written through), fsync of the folder."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}{TMP_MARK}", dir=folder)
+    except OSError as exc:
+        raise RepairError(_describe(exc, path)) from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, _default_mode())
+        move_new(tmp, path)
+        fsync_dir(folder)
+    except OSError as exc:
+        _remove(tmp)
+        raise RepairError(_describe(exc, path)) from None
+    except BaseException:
+        _remove(tmp)
+        raise
+
+
 def backup_path(path: str) -> str:
     """`path.bak`, or `path.bak1`, ... : the first name not taken."""
     backup, n = f"{path}.bak", 1
