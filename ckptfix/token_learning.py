@@ -430,3 +430,31 @@ def _number(value: float | None) -> float | str | None:
         return value
     return "nan" if value != value else str(value)
 
+
+
+def embedding_moment(ckpt: Checkpoint) -> tuple[str, TensorInfo, list[int] | None] | None:
+    """The input embedding's `exp_avg_sq` (PEFT layouts and same-shape pairs as `diff` tells them apart):
+    (the embedding's name, the moment, the token id of each row where the rows are a PEFT delta's), or None."""
+    table = _tables(ckpt).get("embedding")
+    if table is None or table.moment is None:
+        return None
+    return table.name, table.moment, table.ids
+
+
+def zero_rows(moment: TensorInfo, ids: list[int] | None, wanted: list[int]) -> tuple[list[int], bool]:
+    """The ids of `wanted` whose moment rows are exactly 0, and whether some other row is not."""
+    values = moment.read_stored()
+    position = {token_id: k for k, token_id in enumerate(ids)} if ids is not None else None
+    zero = []
+    for token_id in wanted:
+        row = position.get(token_id) if position is not None else token_id
+        if row is None or row >= values.shape[0]:
+            continue
+        x = np.asarray(values[row])
+        if not bool(((x & 0x7FFF) != 0).any() if moment.dtype == "bfloat16" else (x != 0).any()):
+            zero.append(token_id)
+    others = [r for r in range(min(values.shape[0], 4096))
+              if (position is None and r not in zero) or (position is not None and ids is not None and ids[r] not in zero)]
+    sample: Any = np.asarray(values[others]) if others else np.zeros((0,), dtype=np.uint16)
+    nonzero = bool(((sample & 0x7FFF) != 0).any() if moment.dtype == "bfloat16" else (sample != 0).any())
+    return zero, nonzero

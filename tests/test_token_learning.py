@@ -225,3 +225,23 @@ def test_peft_state_dict_without_modules_to_save_is_frozen(lora, tmp_path):
     assert _learned(report) == {t: False for t in NEW} and report.exit_code == 1
     assert {t.cause for t in report.tokens.tokens} == {"frozen"}
     assert report.tokens.fixes[0].startswith('LoraConfig(..., modules_to_save=["embed_tokens", "lm_head"])')
+
+
+def test_inspect_ckf114_names_added_tokens_never_trained(absent, healthy, capsys):
+    """Item 2: one checkpoint carries the evidence: at step 12 the embedding's exp_avg_sq rows of the 2 absent
+    added tokens are exactly 0 while the other rows are not (CKF114, a warning); the healthy run has none.
+    `ckptfix explain CKF114` comes from the registry."""
+    from ckptfix.inspect import inspect
+
+    _, _, b, tok, _, _ = absent
+    found = [f for f in inspect(str(b), tokenizer=str(tok)).findings if f.code == "CKF114"]
+    assert len(found) == 1 and found[0].severity == "warning"
+    assert "2 of 5 added token(s)" in found[0].message and "'<n3>' (303), '<n4>' (304)" in found[0].message
+    assert found[0].tensors == ["model.embed_tokens.weight"]
+    _, _, b, tok, _, _ = healthy
+    assert not [f for f in inspect(str(b), tokenizer=str(tok)).findings if f.code == "CKF114"]
+    try:
+        main(["explain", "CKF114"])
+    except SystemExit as exc:
+        assert exc.code in (0, None)
+    assert "added tokens whose embedding rows never received a gradient" in capsys.readouterr().out

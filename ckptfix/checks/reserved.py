@@ -100,3 +100,38 @@ def ids_on_untrained_rows(ctx: Context) -> Iterator[Finding]:
             fix=ctx.repair_command() + "   (re-initialises those rows like new ones; --init applies)",
             tensors=[v.name])
         return
+
+
+@check("CKF114", "warning", "added tokens whose embedding rows never received a gradient",
+       "Tokens the tokenizer adds past its base vocabulary have input-embedding rows whose exp_avg_sq is exactly 0 "
+       "after the optimizer stepped, while the table's other rows are not: the table trains, but no batch held "
+       "those tokens (absent from the data, or split into pieces by the data pipeline's tokenizer).")
+def added_tokens_never_trained(ctx: Context) -> Iterator[Finding]:
+    from ckptfix.token_learning import embedding_moment, zero_rows
+
+    tok, opt = ctx.tokenizer, ctx.ckpt.optimizer
+    if tok is None or opt is None or not any((ps.step or 0) > 0 for ps in opt.state.values()):
+        return
+    found = embedding_moment(ctx.ckpt)
+    if found is None:
+        return
+    name, moment, ids = found
+    added = [i for i, _, _ in tok.added_tokens if i >= tok.base_size]
+    try:
+        zero, nonzero_elsewhere = zero_rows(moment, ids, added)
+    except (CkptfixError, OSError, ValueError):
+        return
+    if not zero or not nonzero_elsewhere:
+        return
+    names = tok.id_to_token()
+    shown = ", ".join(f"{names[i]!r} ({i})" if i < len(names) else f"id {i}" for i in zero[:8])
+    more = f" and {len(zero) - 8} more" if len(zero) > 8 else ""
+    step = max(ps.step or 0 for ps in opt.state.values())
+    yield finding(
+        "CKF114", f"{name}: {len(zero)} of {len(added)} added token(s) have embedding rows whose exp_avg_sq is "
+        f"exactly 0 at step {step:g} while the table's other rows are not: {shown}{more}",
+        pytorch="Training goes on without an error: these rows get weight decay only, so the tokens keep their "
+        "initial embeddings until a batch holds them.",
+        fix="add text with these tokens to the training data (or check the data pipeline tokenizes with this "
+        "tokenizer); `ckptfix diff EARLIER THIS --tokenizer TOKENIZER` shows each token's rows",
+        tensors=[name])
