@@ -249,8 +249,26 @@ def _check_index(cand: Candidate, index_path: str, index: str, scan: bool) -> No
 
 
 def _check_lightning(cand: Candidate, scan: bool) -> None:
+    """Whole, and holding the keys `fit(ckpt_path=...)` reads (`common.lightning_resume_gaps`, read with the allowlist
+    in opaque mode: nothing imported): a key it raises on or the loops it restarts without is a reason; a weights-only
+    save too (fit raises KeyError on it); missing callbacks a note."""
     if reason := file_reason(cand.path, os.path.basename(cand.path), scan=scan):
         cand.reasons.append(reason)
+        return
+    from ckptfix.formats import common, torch_file
+
+    tree, _, _ = torch_file.load(cand.path, opaque=True)
+    if not isinstance(tree, dict) or not any(k in tree for k in (*common.LIGHTNING_KEYS, "loops")):
+        return  # not Lightning's: whole is all that can be said
+    gaps = common.lightning_resume_gaps(tree)
+    if any(v == "weights-only" for v in gaps.values()):
+        cand.reasons.append("saved with save_weights_only=True: fit(ckpt_path=...) raises KeyError on it")
+    for key, what in gaps.items():
+        if what == "raises" or key == "loops":
+            cand.reasons.append(f"no '{key}' key (fit(ckpt_path=...) " +
+                                ("raises KeyError)" if what == "raises" else "restarts epoch and global_step at 0)"))
+        elif what == "fresh":
+            cand.notes.append(f"no '{key}' key: fit(ckpt_path=...) resumes with the callbacks' state fresh")
 
 
 def _check_dcp(cand: Candidate, scan: bool) -> None:

@@ -229,6 +229,7 @@ def _lightning(path: Path, hparams_ops: bytes) -> Path:
     pkl = mc._pickle(mc._dict(mc._s("state_dict"), mc._dict(mc._s("w"), mc._tensor("0", 4)),
                               mc._s("optimizer_states"), b"]", mc._s("lr_schedulers"), b"]",
                               mc._s("pytorch-lightning_version"), mc._s("2.4.0"),
+                              mc._s("loops"), b"}", mc._s("callbacks"), b"}",  # what fit(ckpt_path=) reads: CKF317
                               mc._s("hyper_parameters"), mc._dict(mc._s("x"), hparams_ops)))
     return mc.torch_zip(path, pkl, {"0": bytes(16)})
 

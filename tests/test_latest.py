@@ -182,7 +182,8 @@ def test_latest_reads_structure_only(trainer_run, tmp_path, capsys, monkeypatch)
 
 
 def test_lightning_last_ckpt_then_steps(tmp_path, capsys):
-    state = {"state_dict": {"w": torch.zeros(4, 4)}, "optimizer_states": [], "global_step": 0}
+    state = {"state_dict": {"w": torch.zeros(4, 4)}, "optimizer_states": [], "lr_schedulers": [], "global_step": 0,
+             "pytorch-lightning_version": "2.6.6", "loops": {}, "callbacks": {}}
     for name in ("epoch=0-step=10.ckpt", "epoch=1-step=20.ckpt", "last.ckpt"):
         torch.save(state, tmp_path / name)
     assert latest_checkpoint(tmp_path).path == str(tmp_path / "last.ckpt")

@@ -110,7 +110,10 @@ def _head(path: str) -> bytes:
     except OSError as exc:
         raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
     if not head:
-        raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
+        from ckptfix.formats.torch_file import TORCH_LOAD_EMPTY
+
+        said = "" if path.endswith(".safetensors") else f" {TORCH_LOAD_EMPTY}"
+        raise UnreadableCheckpoint(f"{path}: empty file (0 bytes){said}")
     return head
 
 

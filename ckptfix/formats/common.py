@@ -26,6 +26,21 @@ OPTIMIZER_KEYS = ("optimizer", "optimizer_state_dict", "optim", "optimizer_state
 SCHEDULER_KEYS = ("scheduler", "lr_scheduler", "scheduler_state_dict", "sched")
 SCALER_KEYS = ("scaler", "grad_scaler", "scaler_state_dict", "amp_scaler")
 LIGHTNING_KEYS = ("optimizer_states", "lr_schedulers", "pytorch-lightning_version")
+# What Lightning 2.6's `Trainer.fit(ckpt_path=...)` reads of a .ckpt (`_CheckpointConnector`; measured in
+# tests/test_resume_lightning.py): without one of these it raises KeyError; without `loops` it silently restarts the
+# loop's progress (epoch, global_step, batches) at 0, without `callbacks` the callbacks' state
+LIGHTNING_RAISES = ("pytorch-lightning_version", "state_dict", "optimizer_states", "lr_schedulers")
+LIGHTNING_FRESH = ("loops", "callbacks")
+LIGHTNING_WEIGHTS_ONLY = ("callbacks", "optimizer_states", "lr_schedulers")  # what save_weights_only leaves out
+
+
+def lightning_resume_gaps(tree: Mapping) -> dict[str, str]:
+    """The keys `fit(ckpt_path=...)` reads that a Lightning checkpoint lacks: key -> "raises" (KeyError), "fresh"
+    (restarted silently) or "weights-only" (all of `LIGHTNING_WEIGHTS_ONLY` absent: saved so on purpose)."""
+    absent = [k for k in (*LIGHTNING_RAISES, *LIGHTNING_FRESH) if k not in tree]
+    weights_only = all(k in absent for k in LIGHTNING_WEIGHTS_ONLY) and "state_dict" in tree
+    return {k: "weights-only" if weights_only and k in LIGHTNING_WEIGHTS_ONLY else
+            "raises" if k in LIGHTNING_RAISES else "fresh" for k in absent}
 
 Locator = Callable[[StorageRef], Callable[[], ByteRange]]
 

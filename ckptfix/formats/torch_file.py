@@ -407,10 +407,22 @@ class _PickleStream:
         return load_pickle(chunk, origin, opaque=opaque, refusals=refusals)
 
 
+# What torch.load (torch 2.13) does with a torch.save zip cut short or emptied, and so every resume built on it
+# (Lightning's fit(ckpt_path=...), a training loop's own): measured in tests/test_resume_lightning.py
+TORCH_LOAD_CUT = ("(torch.load dies on it with RuntimeError 'PytorchStreamReader failed reading zip archive: failed "
+                  "finding central directory', naming no file; so does Lightning's fit(ckpt_path=...))")
+TORCH_LOAD_EMPTY = "(torch.load dies on it with EOFError, naming no file; so does Lightning's fit(ckpt_path=...))"
+
+
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Read a `torch.save` file into the checkpoint model (metadata only)."""
     refusals: list[str] = []
-    tree, locate_for, archive = load(path, opaque=trust_pickle, refusals=refusals)
+    try:
+        tree, locate_for, archive = load(path, opaque=trust_pickle, refusals=refusals)
+    except UnreadableCheckpoint as exc:
+        if str(exc).endswith("truncated or corrupt?"):  # no central directory: the file was cut short
+            raise UnreadableCheckpoint(f"{exc} {TORCH_LOAD_CUT}") from None
+        raise
     ckpt = common.checkpoint_from_tree(path, "torch", tree, locate_for)
     ckpt.weights_only_refusals = refusals
     if archive is not None and archive.duplicates:
