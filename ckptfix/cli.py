@@ -460,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
             _interrupted(args)
         _fail(args, "aborted", "aborted", prefix="ckptfix: aborted")
     except CkptfixError as exc:
-        _fail(args, "bad_input", _one_line(for_cli(str(exc))))
+        _fail(args, "bad_input", _one_line(for_cli(_changed_input(exc))))
     except VerifyFailed as exc:  # OUT was not what the plan said: taken back, a bug to report (exit 3)
         message = _one_line(str(exc))
         _fail(args, "verify", message, code=EXIT_INTERNAL, prefix=f"ckptfix: error: verify failed: {message}")
@@ -475,6 +475,18 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _changed_input(exc: CkptfixError) -> str:
+    """An object-store input replaced while it was read looks corrupt to the readers (bytes of two versions):
+    say that instead, when the store shows it (a listing per mirror, only on this error path)."""
+    remote = sys.modules.get("ckptfix.remote")
+    if remote is not None:
+        try:
+            return remote.changed_inputs_line() or str(exc)
+        except CkptfixError:
+            pass
+    return str(exc)
 
 
 ERROR_SCHEMA = "ckptfix.error/1"

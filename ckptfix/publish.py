@@ -26,11 +26,13 @@ import json
 import os
 import posixpath
 import shutil
+import socket
 import tempfile
+import time
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable
 
-from ckptfix.errors import RepairError
+from ckptfix.errors import CkptfixError, RepairError
 
 if TYPE_CHECKING:
     from ckptfix.surgery.options import RepairOptions
@@ -139,11 +141,24 @@ def out_exists(fs: Any, path: str) -> bool:
 
 
 def publish(staged: str, out_url: str, provenance: Provenance | None = None) -> Published:
-    """Upload the staged file or folder `staged` to `out_url`, switch objects last (module doc)."""
+    """Upload the staged file or folder `staged` to `out_url`, switch objects last (module doc), under a
+    claim (`Claim`): one writer at a time, never over objects already there."""
     import ckptfix.remote as remote
 
     fs, root = remote.filesystem(out_url)
     root = root.rstrip("/")
+    try:
+        with Claim(fs, root, os.path.isdir(staged), remote._shown_url(out_url)):
+            return _publish(fs, root, staged, out_url, provenance)
+    except CkptfixError:  # already one line (a refusal, or the store's error told by `_publish`)
+        raise
+    except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
+        raise remote.storage_error(out_url, exc) from None
+
+
+def _publish(fs: Any, root: str, staged: str, out_url: str, provenance: Provenance | None) -> Published:
+    import ckptfix.remote as remote
+
     if os.path.isdir(staged):
         rels = []
         for folder, _dirs, files in os.walk(staged):
@@ -167,6 +182,141 @@ def publish(staged: str, out_url: str, provenance: Provenance | None = None) -> 
     finally:
         fs.invalidate_cache()
     return done
+
+
+CLAIM_SUFFIX = ".ckptfix-publishing"
+
+
+class Claim:
+    """The right to publish OUT, taken by creating one small object (`OUT/.ckptfix-publishing` for a folder,
+    `OUT.ckptfix-publishing` beside a file) that the store writes only if it does not exist (S3 `If-None-Match:
+    *`), then a listing that OUT holds nothing else; removed when the publish ends. So two writers never mix
+    their objects: the second stops at the claim, and a writer that started before the first finished stops
+    at the listing. A claim left by a killed ckptfix of this machine (its process gone) is taken over: its
+    partial objects (no switch object: no checkpoint) are deleted and its multipart uploads aborted first."""
+
+    def __init__(self, fs: Any, root: str, folder: bool, shown: str, *, in_place: bool = False):
+        self.fs, self.root, self.folder, self.shown, self.in_place = fs, root, folder, shown, in_place
+        self.key = f"{root}/{CLAIM_SUFFIX}" if folder else root + CLAIM_SUFFIX
+        self.body = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}).encode()
+
+    def __enter__(self) -> Claim:
+        if not self._create():
+            self._take_over_or_refuse()
+        if not self.in_place and self._out_objects():
+            self._release()
+            raise RepairError(f"{self.shown}: already exists in the object store (written while this repair ran); "
+                              "name a new OUT prefix")
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._release()
+
+    def _create(self) -> bool:
+        try:
+            if hasattr(self.fs, "call_s3"):
+                self.fs.pipe_file(self.key, self.body, mode="create")  # If-None-Match: *
+            elif self.fs.exists(self.key):  # no conditional write known for this store: check, then write
+                return False
+            else:
+                self.fs.pipe_file(self.key, self.body)
+        except Exception as exc:  # noqa: BLE001 - PreconditionFailed means taken; the rest is reported
+            if _precondition_failed(exc):
+                return False
+            raise
+        return True
+
+    def _take_over_or_refuse(self) -> None:
+        holder = self._holder()
+        if self.in_place:  # what a killed in-place publish left is undone by restore, not here
+            raise RepairError(f"{self.shown}: an in-place repair is publishing here or was killed doing so "
+                              f"({escape_claim(holder)}); if none is running: ckptfix restore {self.shown}, then "
+                              f"delete {self.key.rpartition('/')[2]}")
+        if not _dead_here(holder):
+            raise RepairError(f"{self.shown}: another ckptfix is publishing here ({escape_claim(holder)}); if none is "
+                              f"running, delete {self.key.rpartition('/')[2]} and the objects beside it (a killed "
+                              "publish's: no switch object, no checkpoint)")
+        if any(is_switch(k) for k in self._out_objects()) or (not self.folder and self._out_objects()):
+            self.fs.rm_file(self.key)  # the killed publish had finished: OUT is whole, only its claim was left
+            raise RepairError(f"{self.shown}: already exists in the object store; name a new OUT prefix")
+        _abort_uploads(self.fs, self.root)
+        _take_back(self.fs, self._out_objects())
+        self.fs.rm_file(self.key)
+        if not self._create():
+            raise RepairError(f"{self.shown}: another ckptfix took the claim first; nothing was published")
+
+    def _holder(self) -> dict:
+        try:
+            holder = json.loads(self.fs.cat_file(self.key)[:4096])
+        except Exception:  # noqa: BLE001 - an unreadable claim is someone else's: refused, not taken over
+            return {}
+        return holder if isinstance(holder, dict) else {}
+
+    def _out_objects(self) -> list[str]:
+        """What OUT holds besides the claim."""
+        self.fs.invalidate_cache()
+        if not self.folder:
+            return [self.root] if self.fs.exists(self.root) else []
+        return [str(k) for k in self.fs.find(self.root) if str(k).rstrip("/") != self.key]
+
+    def _release(self) -> None:
+        try:
+            self.fs.rm_file(self.key)
+        except Exception:  # noqa: BLE001 - a claim left behind is taken over by the next run on this machine
+            pass
+
+
+def _check_out_free(fs: Any, root: str, shown: str) -> None:
+    """Before the repair's work: OUT must not exist, and no live writer may hold its claim (a claim a killed
+    ckptfix of this machine left, with its partial objects, is taken over when this repair publishes)."""
+    fs.invalidate_cache()
+    for key in (f"{root}/{CLAIM_SUFFIX}", root + CLAIM_SUFFIX):
+        if fs.exists(key):
+            holder = Claim(fs, root, key.endswith("/" + CLAIM_SUFFIX), shown)._holder()
+            if not _dead_here(holder):
+                raise RepairError(f"{shown}: another ckptfix is publishing here ({escape_claim(holder)}); if none "
+                                  f"is running, delete {key.rpartition('/')[2]} and the objects beside it (a killed "
+                                  "publish's: no switch object, no checkpoint)")
+            return
+    if out_exists(fs, root):
+        raise RepairError(f"{shown}: already exists in the object store; name a new OUT prefix")
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    import ckptfix.remote as remote
+
+    return remote._error_code(exc) in ("PreconditionFailed", "412", "ConditionalRequestConflict") or \
+        isinstance(exc, FileExistsError)
+
+
+def _dead_here(holder: dict) -> bool:
+    """The claim's writer ran on this machine and its process is gone."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def escape_claim(holder: dict) -> str:
+    from ckptfix.untrusted import escape
+
+    return escape(f"host {holder.get('host')!s:.80}, pid {holder.get('pid')!s:.20}" if holder else "unreadable claim")
+
+
+def _abort_uploads(fs: Any, root: str) -> None:
+    """Multipart uploads a killed publish left open under OUT (S3 keeps their parts until aborted)."""
+    if not hasattr(fs, "call_s3"):
+        return
+    bucket, prefix, _ = fs.split_path(root)
+    listed = fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix)
+    for upload in listed.get("Uploads", []) or []:
+        fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
 
 
 def _confirm_sizes(fs: Any, root: str, uploaded: list[tuple[str, str]]) -> None:
@@ -348,11 +498,11 @@ def repair_to_object_store(repair: Callable[..., Any], source: str, tokenizer: A
             raise RepairError(f"{shown}: --force does not replace objects in object storage; name a new OUT "
                               "prefix (or delete the old one first)")
         try:
-            exists = out_exists(fs, root)
+            _check_out_free(fs, root, shown)
+        except RepairError:
+            raise
         except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
             raise remote.storage_error(out_url, exc) from None
-        if exists:
-            raise RepairError(f"{shown}: already exists in the object store; name a new OUT prefix")
     staging = tempfile.mkdtemp(prefix="ckptfix-out-")  # 0700: only this user reads what is staged
     try:
         local_out = os.path.join(staging, posixpath.basename(root) or "out")
@@ -362,6 +512,7 @@ def repair_to_object_store(repair: Callable[..., Any], source: str, tokenizer: A
         if dry_run or result.output is None:
             result.output = out_url if dry_run else None
             return result
+        remote.check_unchanged(source)  # what was read is one version of the input, not a mix of two saves
         sidecar = f"{local_out}.ckptfix.json"
         if os.path.exists(sidecar):  # a single file's record first: alone it is no checkpoint
             publish(sidecar, f"{out_url}.ckptfix.json", provenance)
@@ -434,18 +585,10 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
     order = [n for n in changed if n not in before and n != restore_list] + [restore_list] + \
         [n for n in changed if n in before and n != switch] + [switch]
     try:  # interrupted: the old switch object still stands; `ckptfix restore URL` removes what was added
-        for name in order:
-            local, key = os.path.join(folder, *name.split("/")), f"{root}/{name}"
-            if name == switch:  # every object the new switch object names is there, at its size
-                _confirm_sizes(fs, root, [(os.path.join(folder, *n.split("/")), f"{root}/{n}") for n in order[:-1]])
-            moved_from = old_by_inode.get(after[name])
-            if moved_from is not None and moved_from != name:
-                fs.copy(f"{root}/{moved_from}", key)  # a backup moved aside: the old object, copied in the store
-                done.copied += os.path.getsize(local)
-            else:
-                _upload(fs, local, key, provenance.copies_of(local), done)
-            done.objects.append(key)
-    except RepairError:
+        with Claim(fs, root, True, mirror.url, in_place=True):
+            remote.check_unchanged(mirror.url)  # another writer (an in-place repair) got there first
+            _publish_in_place(fs, root, folder, order, switch, old_by_inode, after, provenance, done)
+    except CkptfixError:
         raise
     except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
         raise remote.storage_error(mirror.url, exc) from None
@@ -456,3 +599,19 @@ def repair_in_place_in_object_store(repair_in_place: Callable[..., Any], url: st
         result.backup = remote.shown(result.backup)
     result.notes.append(done.note(mirror.url) + "; undo: ckptfix restore " + mirror.url)
     return result
+
+
+def _publish_in_place(fs: Any, root: str, folder: str, order: list[str], switch: str, old_by_inode: dict[int, str],
+                      after: dict[str, int], provenance: Provenance, done: Published) -> None:
+    """The in-place repair's objects in `order`, the switch object last, after a check of every size."""
+    for name in order:
+        local, key = os.path.join(folder, *name.split("/")), f"{root}/{name}"
+        if name == switch:  # every object the new switch object names is there, at its size
+            _confirm_sizes(fs, root, [(os.path.join(folder, *n.split("/")), f"{root}/{n}") for n in order[:-1]])
+        moved_from = old_by_inode.get(after[name])
+        if moved_from is not None and moved_from != name:
+            fs.copy(f"{root}/{moved_from}", key)  # a backup moved aside: the old object, copied in the store
+            done.copied += os.path.getsize(local)
+        else:
+            _upload(fs, local, key, provenance.copies_of(local), done)
+        done.objects.append(key)

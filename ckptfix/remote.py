@@ -137,6 +137,15 @@ def storage_error(url: str, exc: BaseException) -> CkptfixError:
     return UnreadableCheckpoint(f"{shown}: the object store refused the request ({escape(code or name, 60)})")
 
 
+def _etag(info: dict) -> str:
+    """An object's version as a listing states it (S3 `ETag`, GCS `etag`/`generation`; '' when not given)."""
+    for name in ("ETag", "etag", "generation", "version_id"):
+        value = info.get(name)
+        if value:
+            return str(value)[:200]
+    return ""
+
+
 def _error_code(exc: BaseException) -> str:
     """The S3 error code a botocore ClientError carries (s3fs wraps it as an OSError's cause)."""
     for err in (exc, exc.__cause__, exc.__context__):
@@ -190,10 +199,18 @@ class _Object:
     key: str  # the fsspec path of the object
     local: str
     size: int
+    etag: str = ""  # as listed: the object read is this version (`Mirror.changed`)
     filled: list[tuple[int, int]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     last_end: int = -1  # where the last fetch ended, and its length: a sequential reader gets read-ahead
     run: int = 0
+
+    def differs(self, now: tuple[int, str] | None) -> bool:
+        """Against a listing's (size, ETag): gone, resized, or another ETag (where both listings give one)."""
+        if now is None:
+            return True
+        size, etag = now
+        return size != self.size or (bool(self.etag) and bool(etag) and etag != self.etag)
 
     def missing(self, start: int, end: int) -> list[tuple[int, int]]:
         gaps, pos = [], start
@@ -245,11 +262,11 @@ class Mirror:
 
     def _build(self) -> None:
         entries = self._list()
-        if isinstance(entries, int):  # one object, of this size
-            self._add(self.path, self.key, entries)
+        if isinstance(entries, tuple):  # one object: (size, etag)
+            self._add(self.path, self.key, *entries)
             return
         os.mkdir(self.path, 0o700)
-        for key, size in entries:
+        for key, size, etag in entries:
             rel = key[len(self.key) + 1:]
             parts = rel.split("/")
             if not rel or len(key.encode()) > MAX_KEY or any(p in ("", ".", "..") or "\x00" in p for p in parts):
@@ -259,21 +276,22 @@ class Mirror:
             local = os.path.join(self.path, *parts)
             try:
                 os.makedirs(os.path.dirname(local), mode=0o700, exist_ok=True)
-                self._add(local, key, size)
+                self._add(local, key, size, etag)
             except (FileExistsError, NotADirectoryError, IsADirectoryError):
                 raise UnreadableCheckpoint(f"{_shown_url(self.url)}: object key {escape(key, 200)!r} and another key make one "
                                            "name both an object and a prefix; no checkpoint is laid out so: "
                                            "refusing the prefix") from None
 
-    def _list(self) -> list[tuple[str, int]] | int:
-        """The prefix's objects (key, size), or the size when the URL names one object. Bounded: MAX_OBJECTS."""
-        found: list[tuple[str, int]] = []
+    def _list(self) -> list[tuple[str, int, str]] | tuple[int, str]:
+        """The prefix's objects (key, size, ETag), or (size, ETag) when the URL names one object. Bounded:
+        MAX_OBJECTS."""
+        found: list[tuple[str, int, str]] = []
         try:
             for root, _dirs, files in self.fs.walk(self.key, detail=True):
                 _count(requests=1, listings=1)
                 for name, info in files.items():
                     key = info.get("name") or posixpath.join(root, name)
-                    found.append((key.rstrip("/"), int(info.get("size") or 0)))
+                    found.append((key.rstrip("/"), int(info.get("size") or 0), _etag(info)))
                 if len(found) > MAX_OBJECTS:
                     raise UnreadableCheckpoint(f"{_shown_url(self.url)}: more than {MAX_OBJECTS:,} objects under the "
                                                "prefix; name the checkpoint's own folder")
@@ -281,13 +299,22 @@ class Mirror:
             raise
         except Exception as exc:  # noqa: BLE001 - every backend error becomes one line
             raise storage_error(self.url, exc) from None
-        found = [(k, s) for k, s in found if k != self.key and k.startswith(self.key + "/")]
+        found = [(k, s, e) for k, s, e in found if k != self.key and k.startswith(self.key + "/")]
         if found:
             return sorted(found)
         info = self._call(self.fs.info, self.key)  # not `isfile`: it answers False for "access denied" too
         if info.get("type") != "file":
             raise UnreadableCheckpoint(f"{_shown_url(self.url)}: no such object or prefix")
-        return int(info.get("size") or 0)
+        return int(info.get("size") or 0), _etag(info)
+
+    def changed(self) -> list[str]:
+        """The mirrored objects the store now holds in another version (ETag or size) or no longer holds:
+        asked once before a repair publishes what it read (an input replaced mid-read, e.g. by the next
+        save, must not give a mix of two versions)."""
+        self.fs.invalidate_cache()
+        now = self._list()
+        listed = {self.key: now} if isinstance(now, tuple) else {k: (size, etag) for k, size, etag in now}
+        return sorted(obj.key for obj in self.objects.values() if obj.differs(listed.get(obj.key)))
 
     def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
@@ -297,7 +324,7 @@ class Mirror:
         _count(requests=1)
         return result
 
-    def _add(self, local: str, key: str, size: int) -> None:
+    def _add(self, local: str, key: str, size: int, etag: str = "") -> None:
         fd = os.open(local, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         try:
             if strict_reads:
@@ -306,7 +333,7 @@ class Mirror:
             os.ftruncate(fd, size)
         finally:
             os.close(fd)
-        self.objects[local] = _Object(key, local, size)
+        self.objects[local] = _Object(key, local, size, etag)
 
     def ensure(self, local: str, start: int, length: int, ahead: int = 0) -> None:
         """Fetch what is missing of [start, start + length) (+ `ahead` bytes of read-ahead) of `local`."""
@@ -371,6 +398,35 @@ def local_path(path: Any) -> Any:
         _MIRRORS[mirror.path] = mirror
         _BY_URL[url] = mirror
     return mirror.path
+
+
+def check_unchanged(url: Any) -> None:
+    """Before a repair publishes what it read from `url`: every object read is still the version listed when
+    the mirror was made; else one line, and nothing is published."""
+    if not is_url(url):
+        return
+    mirror = _BY_URL.get(_without_trailing_slash(os.fspath(url)))
+    line = _changed_line(mirror) if mirror is not None else None
+    if line is not None:
+        raise UnreadableCheckpoint(line + "; nothing was published")
+
+
+def changed_inputs_line() -> str | None:
+    """The first open mirror whose objects changed since they were listed, as one line (None: none did)."""
+    for mirror in list(_BY_URL.values()):
+        line = _changed_line(mirror)
+        if line is not None:
+            return line
+    return None
+
+
+def _changed_line(mirror: Mirror) -> str | None:
+    changed = mirror.changed()
+    if not changed:
+        return None
+    more = f" (and {len(changed) - 1} more)" if len(changed) > 1 else ""
+    return (f"{_shown_url(mirror.url)}: {escape(changed[0], 200)}{more} changed in the object store while ckptfix "
+            "read it (a new save over it?): run again once the checkpoint is stable")
 
 
 def mirror_of(path: Any) -> Mirror | None:
