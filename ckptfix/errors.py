@@ -11,6 +11,10 @@ class UnreadableCheckpoint(CkptfixError):
     """The file or folder is not a checkpoint ckptfix can read (corrupt, truncated, wrong format)."""
 
 
+class UnrecognisedFolder(UnreadableCheckpoint):
+    """A folder no reader takes for a checkpoint (inspect and the guard then look for a run's checkpoints in it)."""
+
+
 class UnsafePickle(CkptfixError):
     """A pickle needs globals outside the allowlist; loading it could execute code."""
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 from ckptfix.checkpoint import Checkpoint
 from ckptfix.checks import Context, Finding, run_checks
-from ckptfix.errors import UnreadableCheckpoint
+from ckptfix.errors import UnreadableCheckpoint, UnrecognisedFolder
 from ckptfix.formats import read_checkpoint
 from ckptfix.mapping import ParamMapping, map_optimizer
 from ckptfix.plain import plain
@@ -107,7 +107,7 @@ def _read_one_checkpoint(path: str, trust_pickle: bool) -> Checkpoint:
     naming its newest whole checkpoint, as `ckptfix latest` finds it."""
     try:
         return read_checkpoint(path, trust_pickle=trust_pickle)
-    except UnreadableCheckpoint:
+    except UnrecognisedFolder:
         from ckptfix.latest import run_folder_message
 
         message = run_folder_message(path)

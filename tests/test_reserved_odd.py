@@ -40,8 +40,10 @@ def test_odd_reserve_recorded_in_config_is_a_warning_naming_both_outcomes(tmp_pa
         "trainer.train(resume_from_checkpoint=...) builds 1000 rows, and loading raises 'size mismatch for "
         "transformer.wte.weight' (1003 rows in the checkpoint).")
     assert f.fix == ("Build the model from the checkpoint's config and do not resize it to len(tokenizer); or, for "
-                     "one row per token, ckptfix repair model --tokenizer tok -o model-fixed --pad-to 1 and resume "
-                     "from that.")
+                     "one row per token, ckptfix repair model --tokenizer tok --from-tokenizer OLD_TOKENIZER -o "
+                     "model-fixed --pad-to 1  (OLD_TOKENIZER: the tokenizer the checkpoint was trained with; leave "
+                     "--from-tokenizer out only if the new one kept its ids and appended tokens: rows are then kept "
+                     "by id) and resume from that.")
     # Both outcomes, as transformers has them.
     state = transformers.GPT2LMHeadModel.from_pretrained(folder).state_dict()
     assert state["transformer.wte.weight"].shape[0] == 1003

@@ -14,7 +14,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 import ckptfix.untrusted as untrusted
-from ckptfix.errors import UnreadableCheckpoint
+from ckptfix.errors import UnreadableCheckpoint, UnrecognisedFolder
 
 if TYPE_CHECKING:  # checkpoint.py imports formats.pickle_safe; keep this package import-light
     from ckptfix.checkpoint import Checkpoint
@@ -98,7 +98,7 @@ def detect(path: str) -> str:
             return f.name
     if folder:
         listing = ", ".join(sorted(os.listdir(path))[:6]) or "empty"
-        raise UnreadableCheckpoint(f"{path}: folder holds no checkpoint ckptfix recognises ({listing})")
+        raise UnrecognisedFolder(f"{path}: folder holds no checkpoint ckptfix recognises ({listing})")
     raise UnreadableCheckpoint(f"{path}: not a checkpoint (neither a torch.save zip/pickle nor safetensors; "
                                f"starts with {probe[:8]!r})")
 

@@ -85,7 +85,7 @@ from typing import Any
 
 import torch
 
-from ckptfix.errors import UnreadableCheckpoint
+from ckptfix.errors import UnrecognisedFolder
 from ckptfix.guard.live import Live
 from ckptfix.guard.probe import StepProbe
 from ckptfix.guard.problems import Problem, TrainingSetupError, format_names, raise_or_warn
@@ -215,7 +215,7 @@ def _read(source: Any) -> Any:
         return source
     try:
         return read_checkpoint(os.fspath(source))
-    except UnreadableCheckpoint:
+    except UnrecognisedFolder:
         problem = run_folder_problem(os.fspath(source))
         if problem is None:
             raise
