@@ -11,21 +11,11 @@ import shutil
 
 import pytest
 import torch
+from test_cli_ux import run_cli
 
-from ckptfix.cli import main
 from ckptfix.latest import latest_checkpoint
 
 transformers = pytest.importorskip("transformers")
-
-
-def run_cli(args, capsys):
-    try:
-        main(args)
-        code = 0
-    except SystemExit as exc:
-        code = exc.code or 0
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.fixture(scope="module")
