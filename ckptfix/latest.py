@@ -284,16 +284,7 @@ def _check_dcp(cand: Candidate, scan: bool) -> None:
     from ckptfix.formats import dcp_folder
 
     items, _version = dcp_folder.read_metadata(d)
-    ends: dict[str, int] = {}
-    for item in items.values():
-        for blob in item.blobs:
-            ends[blob[0]] = max(ends.get(blob[0], 0), blob[1] + blob[2])
-    for file, end in sorted(ends.items()):
-        name = os.path.relpath(file, d)
-        if not os.path.isfile(file):
-            cand.reasons.append(f"no {name} (named by .metadata)")
-        elif (size := os.path.getsize(file)) < end:
-            cand.reasons.append(f"{name} holds {size:,} bytes; .metadata places data up to byte {end:,} (truncated)")
+    cand.reasons += [why for why, _ in dcp_folder.data_file_problems(d, items)]  # what dcp.load needs: inspect's rule
 
 
 def _check_megatron(cand: Candidate, scan: bool) -> None:

@@ -130,13 +130,37 @@ class DcpLayout:
 
 
 def sniff(path: str) -> bool:
-    """A DCP save: the folder has the `.metadata` file `dcp.save` writes."""
-    return os.path.exists(os.path.join(path, ".metadata"))
+    """A DCP save: the folder has the `.metadata` file `dcp.save` writes (last), or only its `.distcp` data files
+    (a save that did not finish: `read` refuses it naming `.metadata`)."""
+    return os.path.exists(os.path.join(path, ".metadata")) or any(n.endswith(".distcp") for n in os.listdir(path))
+
+
+# What `torch.distributed.checkpoint.load` (torch 2.13) does with a folder whose `.metadata` or a data file is missing
+# or torn: measured in tests/test_resume_dcp.py
+DCP_LOAD_NO_METADATA = ("dcp.load raises CheckpointException (AssertionError 'metadata is None; global metadata read "
+                        "failed: ...') before loading anything")
+DCP_LOAD_DATA = {"missing": "dcp.load raises CheckpointException wrapping FileNotFoundError on it",
+                 "short": "dcp.load raises CheckpointException wrapping an EOFError that names no file"}
 
 
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Read a DCP folder: model, optimizer (FQN-keyed), scheduler; everything else into extras."""
-    items, version = read_metadata(path)
+    if not os.path.exists(os.path.join(path, METADATA_FILE)):
+        data = sorted(n for n in os.listdir(path) if n.endswith(".distcp"))
+        raise UnreadableCheckpoint(f"{path}: no {METADATA_FILE} beside {len(data)} .distcp data file(s) (dcp.save "
+                                   f"writes it last: the save did not finish); {DCP_LOAD_NO_METADATA}")
+    try:
+        items, version = read_metadata(path)
+    except UnsafePickle:
+        raise
+    except UnreadableCheckpoint as exc:
+        if ": corrupt pickle (" not in str(exc):  # a pickle torch reads, refused by ckptfix's own bounds: no claim
+            raise
+        raise UnreadableCheckpoint(f"{exc}; {DCP_LOAD_NO_METADATA}") from None  # torn: pickle.load fails too
+    problems = data_file_problems(path, items)
+    if problems:
+        raise UnreadableCheckpoint(f"{path}: {problems[0][0]}; " + DCP_LOAD_DATA[problems[0][1]]
+                                   + (f" ({len(problems) - 1} more data file(s) torn)" if len(problems) > 1 else ""))
     layout = DcpLayout(items, *_data_files(path, items))
     ckpt = Checkpoint(path=path, format="dcp", raw=layout)
     ckpt.extras["dcp_version"] = version
@@ -302,6 +326,30 @@ def _fingerprint(item: Item) -> tuple | None:
         parts.append((offsets, sizes, tuple(sorted((n, i.CRC, i.file_size) for n, i in members.items()
                                                    if n.startswith("data/")))))
     return tuple(parts)
+
+
+def data_file_problems(path: str, items: dict[str, Item]) -> list[tuple[str, str]]:
+    """Each data file `.metadata` names that is missing or ends before its last record: (why, "missing" or
+    "short"), in name order. Structure only: sizes, no bytes read."""
+    ends: dict[str, tuple[int, str]] = {}
+    for item in items.values():
+        for blob in item.blobs:
+            end = blob[1] + blob[2]
+            if end > ends.get(blob[0], (-1, ""))[0]:
+                ends[blob[0]] = (end, item.fqn)
+    problems = []
+    for file, (end, fqn) in sorted(ends.items()):
+        name = os.path.relpath(file, path)
+        if not os.path.lexists(file):
+            problems.append((f"{name} is missing (.metadata places {fqn!r} and others in it)", "missing"))
+        elif not os.path.isfile(file):
+            continue  # a folder, a FIFO, a link loop: the record reader refuses it, naming what it is
+        elif (size := os.path.getsize(file)) == 0:
+            problems.append((f"{name} is empty (0 bytes); .metadata places data up to byte {end:,}", "short"))
+        elif size < end:
+            problems.append((f"{name} holds {size:,} bytes; .metadata places data up to byte {end:,} (truncated)",
+                             "short"))
+    return problems
 
 
 # --- .metadata -------------------------------------------------------------------------------------
