@@ -74,3 +74,7 @@ declare("CKF829", "error", "checkpoint not whole for its framework's resume",
         "or (the HF callback) a Trainer resume that restarted the schedule with a fresh optimizer because "
         "optimizer.pt or scheduler.pt was missing (CKF310): refused before training goes on, naming the newest "
         "whole checkpoint of the run.")
+declare("CKF830", "warning", "the loss jumped after resuming",
+        "The first loss logged after a resume lies beyond the run's own step-to-step spread around the losses it "
+        "logged before the checkpoint (HF callback, from the restored log_history): the run did not continue "
+        "where it stopped; the message lists the likely causes.")

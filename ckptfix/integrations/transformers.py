@@ -38,7 +38,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "without it, use ckptfix.guard.check_training_setup and StepProbe in your own loop."
     ) from exc
 
-from ckptfix.guard import ResumeError, StepProbe, TrainingSetupWarning, check_training_setup
+from ckptfix.guard import ResumeError, StepProbe, TrainingSetupError, TrainingSetupWarning, check_training_setup
+from ckptfix.guard.continuity import Baseline, baseline, jump
 from ckptfix.guard.problems import Problem, raise_or_warn
 from ckptfix.guard.setup import check_live_state, unwrap_optimizer
 from ckptfix.guard.whole import instead
@@ -69,6 +70,8 @@ class ResumeGuardCallback(TrainerCallback):
         self.rewarm_done = 0  # steps re-warmed so far (see `_start_rewarm`)
         self._rewarming = False
         self._setup_checked_with_optimizer = False
+        self._continuity: Baseline | None = None  # where the loss stood at the checkpoint (a resumed run)
+        self.continuity_problems: list[Problem] = []  # CKF830 when the first loss after resuming jumped
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None,
                        lr_scheduler=None, **kwargs):
@@ -84,6 +87,19 @@ class ResumeGuardCallback(TrainerCallback):
         _refuse_restarted_schedule(args, state, lr_scheduler)
         self._check_data_position(args, state, lr_scheduler, kwargs.get("train_dataloader"))
         self._start_rewarm(state, optimizer)
+        step = getattr(state, "global_step", 0) or 0
+        self._continuity = baseline(list(getattr(state, "log_history", None) or []), step) if step > 0 else None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        """The first loss logged after a resume, against where the run stood (CKF830, a warning)."""
+        base, loss = self._continuity, (logs or {}).get("loss")
+        if base is None or not isinstance(loss, (int, float)) or state.global_step <= base.step:
+            return
+        self._continuity = None
+        problem = jump(base, state.global_step, float(loss))
+        if problem is not None:
+            self.continuity_problems.append(problem)
+            raise_or_warn([problem], TrainingSetupError)
 
     def on_pre_optimizer_step(self, args, state, control, model=None, optimizer=None,
                               lr_scheduler=None, **kwargs):
