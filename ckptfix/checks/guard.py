@@ -78,3 +78,7 @@ declare("CKF830", "warning", "the loss jumped after resuming",
         "The first loss logged after a resume lies beyond the run's own step-to-step spread around the losses it "
         "logged before the checkpoint (HF callback, from the restored log_history): the run did not continue "
         "where it stopped; the message lists the likely causes.")
+declare("CKF831", "warning", "added tokens cannot learn",
+        "The tokenizer holds tokens past its base vocabulary, but the input embedding is frozen and nothing trains "
+        "its rows (PEFT LoRA without modules_to_save or trainable_token_indices): their rows stay as initialised. "
+        "The HF callback says so before the first step, naming the tokens and the PEFT fix.")

@@ -40,6 +40,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from ckptfix.guard import ResumeError, StepProbe, TrainingSetupError, TrainingSetupWarning, check_training_setup
 from ckptfix.guard.continuity import Baseline, baseline, jump
+from ckptfix.guard.new_tokens import frozen_new_rows
 from ckptfix.guard.problems import Problem, raise_or_warn
 from ckptfix.guard.setup import check_live_state, unwrap_optimizer
 from ckptfix.guard.whole import instead
@@ -272,7 +273,9 @@ def _check_tokenizer(model: Any, processing_class: Any) -> None:
         size = None
     if size is not None:
         problems = check_tokenizer(Live.capture(model, tokenizer_size=size))
-        raise_or_warn(problems, lambda found: ResumeError(found), stacklevel=4)
+        frozen = frozen_new_rows(model, tokenizer)
+        raise_or_warn(problems + ([frozen] if frozen is not None else []), lambda found: ResumeError(found),
+                      stacklevel=4)
 
 
 def _check_loaded_state(model: Any, optimizer: Any) -> None:
