@@ -15,7 +15,8 @@ _PAIR = ("transformers.Trainer resumes with a fresh optimizer and a restarted sc
 
 
 def _files(ctx: Context) -> dict[str, Any] | None:
-    files = ctx.ckpt.extras.get("trainer_files") if ctx.ckpt.format == "hf-trainer" else None
+    # a PEFT model's Trainer checkpoint-N/ is read as peft-adapter: its reader records trainer_files all the same
+    files = ctx.ckpt.extras.get("trainer_files") if ctx.ckpt.format in ("hf-trainer", "peft-adapter") else None
     return files if isinstance(files, dict) else None
 
 

@@ -79,7 +79,7 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     if config is not None:
         ckpt.extras["config"] = config
     _read_training_state(path, ckpt, trust_pickle)
-    if kind == "hf-trainer":
+    if kind == "hf-trainer" or (kind == "peft-adapter" and sniff_trainer(path)):  # a PEFT model's checkpoint-N too
         ckpt.extras["trainer_files"] = trainer_files(path, ckpt)
     if not ckpt.model and ckpt.optimizer is None:
         raise UnreadableCheckpoint(f"{path}: no weight file (model.safetensors, pytorch_model.bin or an index) in the folder")
