@@ -312,8 +312,9 @@ def stored_to_torch(array: np.ndarray, dtype: str):
     return tensor
 
 
-def read_scalar(tensor: TensorInfo) -> float | None:
-    """A 0-d/1-element tensor's value (optimizer `step` is one); None if unreadable."""
+def read_scalar(tensor: TensorInfo, maps: dict[str, mmap.mmap] | None = None) -> float | None:
+    """A 0-d/1-element tensor's value (optimizer `step` is one); None if unreadable. `maps`: the files this
+    caller has mapped, by path (many steps of one file: `file_map` stats the file on every call)."""
     if tensor.numel != 1:
         return None
     code = _SCALAR_CODES.get(tensor.dtype)
@@ -326,7 +327,11 @@ def read_scalar(tensor: TensorInfo) -> float | None:
         if not 0 <= tensor.offset < where.length // size:
             return None  # the view lies outside its storage record
         start = where.start + tensor.offset * size
-        mapped = file_map(where.file, False)
+        mapped = maps.get(where.file) if maps is not None else None
+        if mapped is None or mapped.closed:
+            mapped = file_map(where.file, False)
+            if maps is not None:
+                maps[where.file] = mapped
         if start + size > len(mapped):
             return None  # data runs past the end of the file (truncated)
         _ensure(where.file, start, size)
@@ -548,6 +553,9 @@ class Checkpoint:
     # why torch.load(weights_only=True) refuses the pickle beyond the objects in `raw` (globals a rebuild
     # consumed, opcodes of another pickle protocol): CKF704 names them with the objects
     weights_only_refusals: list[str] = field(default_factory=list)
+    # `data_globals.raw_uses`: the objects in `raw` torch's weights-only loader refuses, walked once (the CKF704 checks
+    # and the report's weights_only section ask for the same walk: on a 150,000-entry state it costs ~0.5 s)
+    raw_uses: list | None = None
     # False when `model` is not in the model's registration order (safetensors stores tensors sorted by
     # name), so optimizer indices cannot be matched to parameters by position.
     ordered: bool = True

@@ -196,9 +196,9 @@ def analyse(ckpt: Checkpoint, tokenizer: Any = None, *, scan: bool = False, veri
 def weights_only_summary(ckpt: Checkpoint) -> dict[str, Any]:
     """Which globals keep `torch.load(weights_only=True)` from loading the file, and each object built from
     them: its path, class, fields as data, and whether `ckptfix convert` can turn it into plain values."""
-    from ckptfix.formats.data_globals import uses
+    from ckptfix.formats.data_globals import raw_uses
 
-    found = uses(ckpt.raw) if ckpt.raw is not None else []
+    found = raw_uses(ckpt)
     return {"refused_globals": sorted({g for u in found for g in u.torch_refuses}),
             "objects": [u.to_json() for u in found]}
 

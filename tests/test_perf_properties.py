@@ -122,9 +122,9 @@ def test_inspect_maps_only_one_element_tensors(ckpt, monkeypatch):
 
     real_scalar = checkpoint.read_scalar
 
-    def spy_scalar(tensor):  # steps are read with struct from the shared map, without numpy
+    def spy_scalar(tensor, maps=None):  # steps are read with struct from the shared map, without numpy
         mapped.append(f"{tensor.name} numel={tensor.numel}")
-        return real_scalar(tensor)
+        return real_scalar(tensor, maps)
 
     monkeypatch.setattr(checkpoint, "_mapped_storage", spy)
     monkeypatch.setattr(checkpoint, "read_scalar", spy_scalar)

@@ -13,17 +13,22 @@ def _archive(ctx: Context):
     return handle if handle is not None and hasattr(handle, "members") else None
 
 
-def _records(ctx: Context) -> Iterator[tuple[str, Any, int]]:
-    """(storage key, its zip member or None, the bytes the storage declares), once per storage."""
+def _records(ctx: Context) -> list[tuple[str, Any, int]]:
+    """(storage key, its zip member or None, the bytes the storage declares), once per storage; one walk of the
+    tree for both checks that ask (kept on the context)."""
+    cached = getattr(ctx, "_integrity_records", None)
+    if cached is not None:
+        return cached
     archive = _archive(ctx)
-    if archive is None:
-        return
+    records: list[tuple[str, Any, int]] = []
     seen = set()
-    for ref in iter_tensor_refs(ctx.ckpt.raw):
+    for ref in iter_tensor_refs(ctx.ckpt.raw) if archive is not None else ():
         key = ref.storage.key
         if key not in seen:
             seen.add(key)
-            yield key, archive.members.get(f"{archive.prefix}/data/{key}"), ref.storage.nbytes
+            records.append((key, archive.members.get(f"{archive.prefix}/data/{key}"), ref.storage.nbytes))
+    object.__setattr__(ctx, "_integrity_records", records)
+    return records
 
 
 @check("CKF701", "error", "tensor record shorter than its storage",

@@ -12,11 +12,11 @@ MAX_LISTED = 6  # objects named in one finding message; the JSON report lists th
 def _uses(ctx: Context) -> list:
     import dataclasses
 
-    from ckptfix.formats.data_globals import uses
+    from ckptfix.formats.data_globals import raw_uses, uses
 
     cached = getattr(ctx, "_weights_only_uses", None)  # three checks read the same walk
     if cached is None:
-        cached = uses(ctx.ckpt.raw) if ctx.ckpt.raw is not None else []
+        cached = list(raw_uses(ctx.ckpt))
         for name, tree in ctx.ckpt.pickles.items():  # a folder's other pickles: optimizer.pt, a .bin shard
             cached += [dataclasses.replace(u, path=f"{name}:{u.path}") for u in uses(tree)]
         object.__setattr__(ctx, "_weights_only_uses", cached)

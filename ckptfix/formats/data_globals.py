@@ -616,6 +616,13 @@ def _join(path: str, key: Any) -> str:
 MAX_USES = 200  # reported records; a file with more says how many
 
 
+def raw_uses(ckpt: Any) -> list[Use]:
+    """`uses(ckpt.raw)`, walked once per checkpoint (kept on it: the checks and the report both ask)."""
+    if ckpt.raw_uses is None:
+        ckpt.raw_uses = uses(ckpt.raw) if ckpt.raw is not None else []
+    return ckpt.raw_uses
+
+
 def uses(tree: Any) -> list[Use]:
     """Every object in `tree` built from a global torch's weights-only loader or ckptfix's allowlist does not
     know, outermost first, with its path and fields. Each container once (memo-shared pickles stay linear);

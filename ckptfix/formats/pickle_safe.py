@@ -897,17 +897,24 @@ def _expanded_nodes(value: Any) -> int:
 PLAIN_LEAVES = frozenset({str, int, float, bool, type(None), bytes, complex})
 
 
+#: What `_check_tree` never walks into: plain values, and the tensors the unpickler built (records, not containers).
+_CHECKED_LEAVES = PLAIN_LEAVES | {TensorRef}
+
+
 def _check_tree(tree: Any, origin: str) -> None:
     """After unpickling: no dict may carry instance attributes that shadow its methods (BUILD on an
     OrderedDict can set `values`/`items`/`get` to an allowlisted callable). Each container once."""
     seen: set[int] = set()
     stack = [tree]
-    leaves = PLAIN_LEAVES
+    leaves = _CHECKED_LEAVES
     while stack:
         node = stack.pop()
         if node.__class__ in leaves or id(node) in seen:  # most nodes are keys and numbers: one set lookup
             continue
-        if isinstance(node, dict):
+        if node.__class__ is dict:  # a plain dict has no instance attributes (`getattr` would raise inside)
+            seen.add(id(node))
+            stack.extend(node.values())
+        elif isinstance(node, dict):
             seen.add(id(node))
             attrs = getattr(node, "__dict__", None)
             if attrs:
