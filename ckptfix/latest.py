@@ -323,6 +323,14 @@ def _check_deepspeed_folder(cand: Candidate, d: str, scan: bool) -> None:
     for n in models + optims:
         if reason := file_reason(os.path.join(d, n), prefix + n, scan=scan):
             cand.reasons.append(reason)
+    if models and not cand.reasons:  # one ZeRO partition per data-parallel rank of the save: inspect's rule (CKF319)
+        from ckptfix.formats import deepspeed_folder, torch_file
+
+        tree, _, _ = torch_file.load(os.path.join(d, models[0]), opaque=True)
+        if isinstance(tree, dict):
+            files = deepspeed_folder.resume_files(d, d, tree, [os.path.join(d, n) for n in models],
+                                                  [os.path.join(d, n) for n in optims])
+            cand.reasons += [f"no {prefix}{name} ({why})" for name, why in sorted(files["missing"].items())]
 
 
 def _check_accelerate(cand: Candidate, scan: bool) -> None:

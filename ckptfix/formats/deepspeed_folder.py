@@ -69,7 +69,15 @@ _USED = ("module", "optimizer", "lr_scheduler")
 def sniff(path: str) -> bool:
     """A DeepSpeed save: a `latest` tag file, `global_step*` folders or `*mp_rank_*_model_states.pt`."""
     return (os.path.exists(os.path.join(path, "latest")) or bool(glob.glob(os.path.join(path, "global_step*")))
-            or bool(glob.glob(os.path.join(path, "*mp_rank_*_model_states.pt"))))
+            or bool(glob.glob(os.path.join(path, "*mp_rank_*_model_states.pt")))
+            or bool(glob.glob(os.path.join(path, "*zero_pp_rank_*_optim_states.pt"))))  # its model states lost
+
+
+# What `engine.load_checkpoint(save_dir)` (DeepSpeed 0.19.8, torch 2.13) does with a file missing or torn: measured in
+# tests/test_resume_deepspeed.py
+LOAD_ASSERTS = "engine.load_checkpoint raises an AssertionError with no message"
+LOAD_TORN = ("engine.load_checkpoint dies on it in torch.load (RuntimeError 'PytorchStreamReader failed reading zip "
+             "archive' for a cut file, EOFError for an empty one), naming no file")
 
 
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
@@ -77,9 +85,9 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     tag_dir = resolve_tag(path)
     model_files = _rank_files(tag_dir, _MODEL_STATES)
     if not model_files:
-        raise UnreadableCheckpoint(f"{path}: no DeepSpeed *model_states.pt file in {tag_dir}")
+        raise UnreadableCheckpoint(f"{path}: no DeepSpeed *model_states.pt file in {tag_dir} ({LOAD_ASSERTS})")
     model_file = model_files[0]
-    tree, locate_for = _load(model_file, trust_pickle)
+    tree, locate_for = _torn_refused(model_file, trust_pickle)
     if not isinstance(tree, Mapping):
         raise UnreadableCheckpoint(f"{model_file}: holds a {type(tree).__name__}, not DeepSpeed model states")
     ckpt = Checkpoint(path=path, format="deepspeed", raw=tree)
@@ -102,7 +110,52 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
         ckpt.sections["optimizer"] = "optimizer.optimizer_state_dict"  # FP16_Optimizer wraps it
     if not ckpt.model and ckpt.optimizer is None:
         raise UnreadableCheckpoint(f"{model_file}: no module weights and no optimizer state")
+    ckpt.extras["deepspeed_files"] = resume_files(path, tag_dir, tree, model_files, optim_files)
     return ckpt
+
+
+def resume_files(path: str, tag_dir: str, tree: Mapping, model_files: list[str],
+                 optim_files: list[str]) -> dict[str, Any]:
+    """What `engine.load_checkpoint` reads and this save lacks, as strings only (extras are searched for recorded
+    integers): `missing` {file: why it is expected} (one ZeRO partition per data-parallel rank of the save, and at
+    stage 3 one model-states file per rank), `no_latest` the tag read when `path` is a save folder without `latest`
+    (DeepSpeed itself then loads nothing)."""
+    world = tree.get("dp_world_size")
+    config = tree.get("ds_config")
+    config = config if isinstance(config, Mapping) else {}
+    zero = config.get("zero_optimization")
+    stage = _stage(zero.get("stage")) if isinstance(zero, Mapping) else None
+    missing: dict[str, str] = {}
+    if isinstance(world, int) and not isinstance(world, bool) and 0 < world <= 1 << 16 and stage:
+        have = {os.path.basename(f) for f in optim_files}
+        prefix = "bf16_" if any(n.startswith("bf16_") for n in have) or (
+            not have and isinstance(config.get("bf16"), Mapping) and config["bf16"].get("enabled") is True) else ""
+        for rank in range(world):
+            name = f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+            if name not in have:
+                missing[name] = f"ZeRO stage {stage}, saved by {world} data-parallel rank(s)"
+        if stage == 3:
+            models = {os.path.basename(f) for f in model_files}
+            for rank in range(world):
+                name = f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt"
+                if name not in models:
+                    missing[name] = f"ZeRO stage 3, saved by {world} data-parallel rank(s)"
+    no_latest = ""
+    if tag_dir != path and not os.path.exists(os.path.join(path, "latest")):
+        no_latest = os.path.basename(tag_dir)
+    return {"missing": missing, "no_latest": no_latest, "tag": os.path.basename(tag_dir)}
+
+
+def _torn_refused(file: str, trust_pickle: bool) -> tuple[Any, common.Locator]:
+    """`_load`, its refusal of a file cut short or emptied extended with what engine.load_checkpoint does."""
+    try:
+        return _load(file, trust_pickle)
+    except UnsafePickle:
+        raise
+    except UnreadableCheckpoint as exc:
+        if str(exc).endswith(("truncated or corrupt?", "empty file (0 bytes)")):
+            raise UnreadableCheckpoint(f"{exc} ({LOAD_TORN})") from None
+        raise
 
 
 def repair_unsupported(path: str) -> str:
@@ -127,7 +180,8 @@ def resolve_tag(path: str) -> str:
         tag = read_bounded(latest, 4096, what="DeepSpeed 'latest' file").decode("utf-8", "replace").strip()
         tag_dir = os.path.join(path, tag)
         if not tag or not os.path.isdir(tag_dir):
-            raise UnreadableCheckpoint(f"{latest}: names tag {tag!r}, but there is no such folder")
+            raise UnreadableCheckpoint(f"{latest}: names tag {tag!r}, but there is no such folder (torn? "
+                                       f"{LOAD_ASSERTS})")
         return tag_dir
     steps = [d for d in glob.glob(os.path.join(path, "global_step*")) if os.path.isdir(d)]
     if steps:
@@ -209,7 +263,7 @@ def _zero_optimizer(ckpt: Checkpoint, model_tree: Mapping, files: list[str], tru
 
 def _partition(file: str, trust_pickle: bool) -> dict[str, Any]:
     """One rank's optim-states file, normalised across stages (and across bf16/ZeRO writers)."""
-    tree, locate_for = _load(file, trust_pickle)
+    tree, locate_for = _torn_refused(file, trust_pickle)
     osd = tree.get("optimizer_state_dict") if isinstance(tree, Mapping) else None
     if not isinstance(osd, Mapping):
         raise UnreadableCheckpoint(f"{file}: no optimizer_state_dict; not a DeepSpeed optim-states file")
