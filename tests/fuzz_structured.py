@@ -34,7 +34,7 @@ allocation. tracemalloc, which charges every allocation of the process (it rough
 runs only on every `TRACE_EVERY`-th input, and on all of them where /proc lacks VmHWM: a cross-check of
 the Python heap that does not depend on the allocator giving pages back.
 
-    nice -n 15 python tests/fuzz_structured.py FORMAT[,FORMAT...]|all N [SEED] [--until HH:MM]   # the long run (UTC)
+    nice -n 15 python tests/fuzz_structured.py FORMAT[,FORMAT...]|all N [SEED] [--until HH:MM] [--only kinds,paths,many]
 """
 
 from __future__ import annotations
@@ -1150,21 +1150,294 @@ def grammar_restore(ctx: Ctx) -> list[list[str]]:
     return [["restore", str(folder)]]
 
 
+# --- issue 44 item 3: the kinds of value a reader expects, paths, and counts -----------------------------
+#
+# Each structure a reader takes (trainer_state.json, config.json, the safetensors index, the ckptfix record, an
+# optimizer state, DCP's dataclasses) given a list where it expects a dict and a dict where it expects a list;
+# empty tensors with a 2**62 dimension; storage paths that are relative, name the folder, or loop; and counts
+# of 10^5 and more where a reader's cost per entry shows (header entries, index entries, distinct steps).
+
+EMPTY_HUGE = [(0, 2 ** 62), (2 ** 62, 0), (0, 2 ** 48 + 1), (2 ** 40, 0, 2 ** 40)]
+
+
+def _swapped(node: Any, rng: random.Random, str_keys: bool) -> Any:
+    """A dict as a list (of its values, or of its items as pairs); a list or tuple as a dict keyed by position
+    (or the other sequence kind)."""
+    if isinstance(node, dict):
+        return rng.choice([list(node.values()), [list(kv) for kv in node.items()], tuple(node.values())])
+    if isinstance(node, (list, tuple)):
+        if rng.random() < 0.25:
+            return tuple(node) if isinstance(node, list) else list(node)
+        return {(str(i) if str_keys else i): v for i, v in enumerate(node)}
+    return rng.choice([[node], {"value": node}])
+
+
+def swap_kinds(doc: Any, rng: random.Random, rounds: int = 1, str_keys: bool = True) -> Any:
+    """`doc` with `rounds` of its containers (the whole document included) replaced by the other kind: a list
+    where a dict was, a dict where a list or tuple was (`_swapped`). Returns the new document."""
+    for _ in range(rounds):
+        spots: list[tuple[Any, Any]] = [(None, None)]
+        stack = [doc]
+        while stack and len(spots) < 2000:
+            node = stack.pop()
+            pairs = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+            for key, child in pairs:
+                if isinstance(child, (dict, list, tuple)):
+                    spots.append((node, key))
+                    if not isinstance(child, tuple):
+                        stack.append(child)
+        parent, key = rng.choice(spots)
+        if parent is None:
+            doc = _swapped(doc, rng, str_keys)
+        else:
+            parent[key] = _swapped(parent[key], rng, str_keys)
+    return doc
+
+
+def _record_doc() -> dict[str, Any]:
+    """A repair record's shape (`ckptfix.record`): what a record sidecar or a tree's "ckptfix" key holds."""
+    return {"schema": "ckptfix.repair/1", "ckptfix_version": "0.1", "source": {"path": "ckpt.pth", "sha256": None},
+            "tokenizer": {"path": "tok.model", "size": 56, "fingerprint": "x"}, "policy": "remap",
+            "rows": {"old": 48, "new": 56, "kept": 48, "moved": [[1, 2]], "added": [48, 49]},
+            "tensors": {"wte.weight": {"old": [48, 8], "new": [56, 8]}}, "notes": ["a note"]}
+
+
+class _SwappedStatePickler(pickle.Pickler):
+    """Pickles DCP metadata with the state of the objects in `targets` (by id) of the other kind: a dataclass's
+    fields as a list or tuple instead of a dict, TensorProperties' tuple as a dict or a list."""
+
+    def __init__(self, f: Any, targets: set[int], rng: random.Random):
+        super().__init__(f, protocol=2)
+        self.targets, self.rng = targets, rng
+
+    def reducer_override(self, obj: Any) -> Any:
+        if id(obj) not in self.targets:
+            return NotImplemented
+        func, args, state = obj.__reduce_ex__(2)[:3]
+        return func, args, _swapped(state, self.rng, str_keys=True)
+
+
+def _dcp_objects(md: Any) -> list[Any]:
+    """The dataclass instances of a DCP Metadata: itself, each storage metadata, its properties and chunks, each
+    storage index and storage info."""
+    found = [md]
+    for entry in md.state_dict_metadata.values():
+        found.append(entry)
+        found.extend([entry.properties, *entry.chunks] if hasattr(entry, "chunks") else [])
+    for index, info in md.storage_data.items():
+        found.extend([index, info])
+    return found
+
+
+def grammar_kinds(ctx: Ctx) -> list[list[str]]:
+    """A structure a reader takes, given the other kind of container somewhere: the HF folder's JSON files and
+    record, its optimizer/scheduler state (and empty tensors of 2**62 rows among the moments), a torch tree's
+    optimizer and "ckptfix" record, a DCP .metadata's dataclasses (fields, TensorProperties) or its sizes."""
+    import torch
+
+    rng = ctx.rng
+    kind = rng.choice(["hf_json", "hf_state", "tree", "dcp"])
+    if kind == "dcp":
+        folder = ctx.work / "in_dcp"
+        _copy_folder(ctx.seeds["dcp"], folder)
+        md = pickle.loads((ctx.seeds["dcp"] / ".metadata").read_bytes())  # our own dcp.save: trusted
+        if rng.random() < 0.3:  # an empty tensor with a dimension of 2**62, its chunk alike
+            entry = rng.choice([e for e in md.state_dict_metadata.values() if hasattr(e, "chunks")])
+            shape = torch.Size(rng.choice(EMPTY_HUGE))
+            object.__setattr__(entry, "size", shape)
+            entry.chunks[0] = type(entry.chunks[0])(offsets=torch.Size([0] * len(shape)), sizes=shape)
+        objects = _dcp_objects(md)
+        targets = {id(o) for o in rng.sample(objects, rng.randint(1, 2))}
+        buf = io.BytesIO()
+        _SwappedStatePickler(buf, targets, rng).dump(md)
+        (folder / ".metadata").write_bytes(buf.getvalue())
+        return ctx.commands(folder)
+    if kind == "tree":
+        tree = _copy_tree(ctx.cache.setdefault("kinds_tree", torch.load(ctx.seeds["pth"], weights_only=True)))
+        tree["ckptfix"] = _record_doc()
+        section = rng.choice([k for k in ("optimizer", "scheduler", "scaler", "ckptfix") if k in tree])
+        tree[section] = swap_kinds(tree[section], rng, rng.randint(1, 2), str_keys=False)
+        out = ctx.work / "in.pth"
+        torch.save(tree, out)
+        return ctx.commands(out)
+    folder = ctx.work / "in_hf"
+    _copy_folder(ctx.seeds["hf"], folder)
+    if kind == "hf_json":
+        name = rng.choice(["trainer_state.json", "config.json", "model.safetensors.index.json", "ckptfix.json"])
+        doc: Any = {"trainer_state.json": {"global_step": 3, "max_steps": 10, "log_history": [{"loss": 1.0, "step": 3}],
+                                           "best_model_checkpoint": None},
+                    "config.json": {"vocab_size": 48, "model_type": "tiny", "hidden_size": 8, "architectures": ["X"]},
+                    "model.safetensors.index.json": {"metadata": {"total_size": 100},
+                                                     "weight_map": {"text_embedding.weight": "model.safetensors"}},
+                    "ckptfix.json": _record_doc()}[name]
+        with contextlib.suppress(FileNotFoundError):
+            (folder / name).unlink()
+        (folder / name).write_text(json.dumps(swap_kinds(doc, rng, rng.randint(1, 2))))
+        return ctx.commands(folder)
+    which = rng.choice(["optimizer.pt", "scheduler.pt", "scaler.pt"])
+    tree = _copy_tree(torch.load(folder / which, weights_only=True))
+    if which == "optimizer.pt" and rng.random() < 0.3:  # moments of an empty tensor with a 2**62 dimension
+        entry = next(iter(tree["state"].values()))
+        for key in ("exp_avg", "exp_avg_sq"):
+            entry[key] = torch.empty(*rng.choice(EMPTY_HUGE))
+    else:
+        tree = swap_kinds(tree, rng, rng.randint(1, 2), str_keys=False)
+    (folder / which).unlink()
+    torch.save(tree, folder / which)
+    return ctx.commands(folder)
+
+
+#: Storage paths torch joins to the folder (`./x`, `sub/../x`, `x/`) and ones naming no file in it.
+_DCP_PATHS = ["./__0_0.distcp", "sub/../__0_0.distcp", "__0_0.distcp/", ".//__0_0.distcp", ".", "", "./sub/..", "sub",
+              "loop", "self", "a", "fifo", "loop/__0_0.distcp", "sub/../../x"]
+_HF_PATHS = ["./model.safetensors", "sub/../model.safetensors", "model.safetensors/", ".", "", "sub", "loop", "self",
+             "a", "loop/model.safetensors", "../checkpoint-3/model.safetensors"]
+
+
+def _plant_loops(folder: Path) -> None:
+    (folder / "sub").mkdir(exist_ok=True)
+    for name, target in (("loop", "."), ("self", "self"), ("a", "b"), ("b", "a")):
+        if not os.path.lexists(folder / name):
+            os.symlink(target, folder / name)
+    if not os.path.lexists(folder / "fifo"):
+        os.mkfifo(folder / "fifo")
+
+
+def grammar_paths(ctx: Ctx) -> list[list[str]]:
+    """DCP storage paths and HF index shard names that are relative, name the folder itself, climb out, or go
+    through a link loop; sometimes the data file itself replaced by a loop. Inspected (--scan), repaired into a
+    new folder, and for DCP in place then restored (the folder is named out_*: an in-place repair changes it)."""
+    rng = ctx.rng
+    kind = rng.choice(["dcp", "hf"])
+    folder = ctx.work / ("out_paths" if kind == "dcp" else "in_hf")
+    _copy_folder(ctx.seeds[kind], folder)
+    _plant_loops(folder)
+    tok = str(ctx.seeds["sentencepiece"])
+    if kind == "dcp":
+        md = pickle.loads((ctx.seeds["dcp"] / ".metadata").read_bytes())  # our own dcp.save: trusted
+        rel = rng.choice(_DCP_PATHS)
+        for info in md.storage_data.values():
+            if rng.random() < 0.7:
+                info.relative_path = rel
+        (folder / ".metadata").write_bytes(pickle.dumps(md))
+        if rng.random() < 0.2:  # the data file's own name a loop
+            (folder / "__0_0.distcp").unlink()
+            os.symlink(rng.choice(["__0_0.distcp", ".", "loop/__0_0.distcp"]), folder / "__0_0.distcp")
+        cmds = [["inspect", str(folder), "--scan"], ["repair", str(folder), "-t", tok, "-o", str(ctx.work / "out")]]
+        if rng.random() < 0.5:
+            cmds += [["repair", str(folder), "-t", tok, "--in-place", "--keep-ids"], ["restore", str(folder)]]
+        return cmds
+    names = ["text_embedding.weight", "text_head.weight", "norm.weight"]
+    weight_map = {n: rng.choice(_HF_PATHS) for n in names}
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return [["inspect", str(folder), "--scan"], ["repair", str(folder), "-t", tok, "-o", str(ctx.work / "out")]]
+
+
+#: The counts of `grammar_many`: 10^5 and more where a reader's cost per entry shows; half the time a smaller
+#: count of the same structure (the CI slice meets both, the long run mostly the large).
+MANY = [100_000, 150_000, 300_000]
+FEW = [1_000, 10_000]
+
+
+def _many(ctx: Ctx, key: str, make: Callable[[int], bytes], n: int) -> bytes:
+    """`make(n)`'s bytes, made once per process (a 300,000-entry header or a 100,000-step torch.save takes
+    seconds to write; every input of that count reuses them)."""
+    cache = _CACHES.setdefault("many", {})
+    if (key, n) not in cache:
+        cache[(key, n)] = make(n)
+    return cache[(key, n)]
+
+
+def _many_safetensors(n: int) -> bytes:
+    text = json.dumps({f"t{i}": {"dtype": "F32", "shape": [1], "data_offsets": [4 * i, 4 * i + 4]}
+                       for i in range(n)}, separators=(",", ":")).encode()
+    return struct.pack("<Q", len(text)) + text + bytes(4 * n)
+
+
+def _many_steps(n: int, tensors: bool) -> bytes:
+    import torch
+
+    model = {"embed.weight": torch.zeros(16, 8), "head.weight": torch.zeros(8, 16)}
+    state = {i: {"step": torch.tensor(float(i)) if tensors else float(i)} for i in range(n)}
+    return _torch_bytes({"model": model, "optimizer": {"state": state,
+                                                      "param_groups": [{"lr": 1e-3, "params": list(range(n))}]}})
+
+
+def _many_dcp_metadata(src: Path, n: int) -> bytes:
+    """The seed's .metadata with n more scalar entries, each its own storage item (`optim.state.i.step`)."""
+    md = pickle.loads((src / ".metadata").read_bytes())  # our own dcp.save: trusted
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    some = next(iter(md.storage_data.values()))
+    for i in range(n):
+        fqn = f"extra.{i}.step"
+        md.state_dict_metadata[fqn] = BytesStorageMetadata()
+        md.storage_data[MetadataIndex(fqn)] = copy.copy(some)
+    return pickle.dumps(md)
+
+
+def grammar_many(ctx: Ctx) -> list[list[str]]:
+    """10^5 and more where one or a few are expected: a safetensors header of that many tensors, an optimizer
+    state of that many entries each with its own step (float or tensor), an HF index naming that many weights,
+    a DCP .metadata of that many items; sometimes one entry made hostile. Inspected only (--json sometimes)."""
+    rng = ctx.rng
+    n = rng.choice(MANY if rng.random() < 0.5 else FEW)
+    kind = rng.choice(["safetensors", "steps", "hf", "dcp"])
+    flags = ["--json"] if rng.random() < 0.3 else []
+    if kind == "safetensors":
+        data = _many(ctx, "safetensors", _many_safetensors, n)
+        if rng.random() < 0.3:  # one entry's shape hostile: refused where it stands, not after the rest
+            at = data.find(b'"shape":[1]', rng.randrange(8, len(data) // 2))
+            if at > 0:
+                data = data[:at] + b'"shape":[0]' + data[at + 11:]
+        out = ctx.work / "in.safetensors"
+        out.write_bytes(data)
+        return [["inspect", str(out), *flags]]
+    if kind == "steps":
+        tensors = rng.random() < 0.5
+        n = min(n, 100_000) if tensors else n  # 10^5 step tensors: a 27 MB archive of 100,000 records
+        out = ctx.work / "in.pth"
+        out.write_bytes(_many(ctx, f"steps-{tensors}", lambda k: _many_steps(k, tensors), n))
+        return [["inspect", str(out), *flags]]
+    if kind == "hf":
+        folder = ctx.work / "in_hf"
+        _copy_folder(ctx.seeds["hf"], folder)
+        weight_map = {f"layers.{i}.weight": "model.safetensors" for i in range(n)}
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        return [["inspect", str(folder), *flags]]
+    folder = ctx.work / "in_dcp"
+    _copy_folder(ctx.seeds["dcp"], folder)
+    (folder / ".metadata").write_bytes(_many(ctx, "dcp", lambda k: _many_dcp_metadata(ctx.seeds["dcp"], k),
+                                             min(n, 100_000)))
+    return [["inspect", str(folder), *flags]]
+
+
 # Per format, its productions: copyreg calls ride in the pickle entries (`_code_call_ops`), links inside
 # folders in "hf"/"dcp", restore lists with "dcp".
 GRAMMAR: dict[str, list[Callable[[Ctx], list[list[str]]]]] = {
-    "pickle": [grammar_pickle], "tree": [grammar_tree], "zip": [grammar_zip], "safetensors": [grammar_safetensors],
-    "dcp": [grammar_dcp, grammar_links, grammar_restore], "deepspeed": [grammar_tree],
-    "hf": [grammar_hf, grammar_links], "sentencepiece": [grammar_tokenizer],
-    "tokenizer_json": [grammar_tokenizer], "tokenizer_folder": [grammar_tokenizer],
+    "pickle": [grammar_pickle], "tree": [grammar_tree, grammar_kinds, grammar_many], "zip": [grammar_zip],
+    "safetensors": [grammar_safetensors, grammar_many], "dcp": [grammar_dcp, grammar_links, grammar_restore,
+                                                                grammar_kinds, grammar_paths],
+    "deepspeed": [grammar_tree], "hf": [grammar_hf, grammar_links, grammar_kinds, grammar_paths, grammar_many],
+    "sentencepiece": [grammar_tokenizer], "tokenizer_json": [grammar_tokenizer], "tokenizer_folder": [grammar_tokenizer],
 }
+#: The productions of issue 44 item 3, by name: `python tests/fuzz_structured.py FORMAT N SEED --only kinds,paths,many`
+#: runs these alone (every input a grammar input of these classes).
+ISSUE44 = {"kinds": grammar_kinds, "paths": grammar_paths, "many": grammar_many}
 
 
-def _with_grammar(fmt: str, gen: Callable[[Ctx], list[list[str]]]) -> Callable[[Ctx], list[list[str]]]:
-    """`gen`, or for `GRAMMAR_SHARE` of the inputs one of the format's grammar productions."""
+def _with_grammar(fmt: str, gen: Callable[[Ctx], list[list[str]]],
+                  only: list[str] | None = None) -> Callable[[Ctx], list[list[str]]]:
+    """`gen`, or for `GRAMMAR_SHARE` of the inputs one of the format's grammar productions; `only` (names of
+    `ISSUE44`): every input from those of the format's productions (the format's own mutator where it has none)."""
+    productions = GRAMMAR.get(fmt, [])
+    share = GRAMMAR_SHARE
+    if only is not None:
+        productions = [ISSUE44[name] for name in only if ISSUE44[name] in productions]
+        share = 1.0
+
     def either(ctx: Ctx) -> list[list[str]]:
-        productions = GRAMMAR.get(fmt, [])
-        if productions and ctx.rng.random() < GRAMMAR_SHARE:
+        if productions and ctx.rng.random() < share:
             return ctx.rng.choice(productions)(ctx)
         return gen(ctx)
 
@@ -1368,9 +1641,10 @@ def warm_up() -> None:
 
 
 def run(fmt: str, n: int, seed: int, seeds: dict[str, Path], scratch: Path, *, until: float | None = None,
-        log: Callable[[dict], None] | None = None) -> tuple[int, int, list[dict]]:
-    """n inputs of one format (or until the wall clock passes `until`): (inputs, runs, failures)."""
-    gen = _with_grammar(fmt, GENERATORS[fmt])
+        log: Callable[[dict], None] | None = None, only: list[str] | None = None) -> tuple[int, int, list[dict]]:
+    """n inputs of one format (or until the wall clock passes `until`): (inputs, runs, failures). `only`: the
+    `ISSUE44` productions to draw every input from."""
+    gen = _with_grammar(fmt, GENERATORS[fmt], only)
     warm_up()
     rng = random.Random(seed)
     failures: list[dict] = []
@@ -1462,8 +1736,10 @@ def _rmtree(path: Path) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """FORMAT[,FORMAT...] (or `all`: every format in turn, 200 inputs each) N [SEED] [--until HH:MM UTC]."""
+    """FORMAT[,FORMAT...] (or `all`: every format in turn, 200 inputs each) N [SEED] [--until HH:MM UTC]
+    [--only kinds,paths,many] (every input from those productions of `ISSUE44`, in the formats that have them)."""
     fmt, n = argv[0], int(argv[1])
+    only = argv[argv.index("--only") + 1].split(",") if "--only" in argv else None
     seed = int(argv[2]) if len(argv) > 2 and not argv[2].startswith("--") else 0
     until = None
     if "--until" in argv:
@@ -1488,7 +1764,7 @@ def main(argv: list[str]) -> int:
             c0 = time.process_time()
             inputs, runs, failures = run(f, min(chunk, n - t["done"]), seed + t["done"], seeds, scratch, until=until,
                                          log=lambda x, f=f: (logs[f].write(json.dumps(x, default=str) + "\n"),
-                                                             logs[f].flush()))
+                                                             logs[f].flush()), only=only)
             t["done"] += chunk
             t["inputs"] += inputs
             t["runs"] += runs

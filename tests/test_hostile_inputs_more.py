@@ -247,3 +247,30 @@ def test_dcp_folder_with_link_loops_beside_the_data(tmp_path):
     assert in_place["code"] == 0, in_place
     restored = mc.run_batch([{"id": "r", "argv": ["restore", str(folder)]}], cwd=tmp_path, timeout=60)["r"]
     assert restored["code"] == 0 and sorted(os.listdir(folder)) == before, (restored, os.listdir(folder))
+
+
+def test_dcp_metadata_with_100k_items_over_one_record(tmp_path, monkeypatch):
+    """A .metadata naming 100,000 non-tensor items, all over the same record (issue 44's fuzz run: each was opened
+    and unpickled again, 19 s of CPU): the record is unpickled once and inspect finishes (bench/hostile_scale.py
+    times such inputs; the test counts the work)."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    import ckptfix
+    from ckptfix.formats import dcp_folder
+
+    folder = _dcp(tmp_path / "dcp")
+    md = pickle.loads((folder / ".metadata").read_bytes())
+    some = md.storage_data[MetadataIndex("step")]
+    for i in range(100_000):
+        md.state_dict_metadata[f"extra.{i}"] = BytesStorageMetadata()
+        md.storage_data[MetadataIndex(f"extra.{i}")] = some
+    (folder / ".metadata").write_bytes(pickle.dumps(md))
+    opened = []
+    real = dcp_folder.object_value
+    monkeypatch.setattr(dcp_folder, "object_value", lambda *a: opened.append(a[1].fqn) or real(*a))
+    report = ckptfix.inspect(folder)
+    assert len(opened) == 1, len(opened)  # "step" and the 100,000 items name one record
+    extra = report.ckpt.extras["extra"]
+    assert len(extra) == 100_000 and all(v == report.ckpt.extras["step"] == 1 for v in extra.values())
+    r = mc.run_batch([{"id": 0, "argv": ["inspect", str(folder)]}], cwd=tmp_path, timeout=120)[0]
+    assert r["code"] in (0, 1) and not r["stderr"], r
