@@ -83,6 +83,8 @@ def test_healthy_checkpoint_has_no_finding(saved, tmp_path):
     assert not [f for f in inspect(str(bare)).findings if f.code == "CKF318"]
     torch.save({"epoch": 90, "state_dict": torch.load(saved, weights_only=True)["model"]}, bare)
     assert not [f for f in inspect(str(bare)).findings if f.code == "CKF318"]
+    torch.save(torch.load(saved, weights_only=True)["optimizer"], bare)  # a folder's lone optimizer.pt
+    assert not [f for f in inspect(str(bare)).findings if f.code == "CKF318"]
 
 
 def test_a_loop_without_a_scheduler_object_is_not_reported(saved, tmp_path):

@@ -30,6 +30,8 @@ def torch_dict_gaps(ctx: Context) -> Iterator[Finding]:
     ckpt = ctx.ckpt
     if ckpt.format != "torch" or not isinstance(ckpt.raw, Mapping) or ckpt.record is not None:
         return
+    if "" in (ckpt.sections.get("model"), ckpt.sections.get("optimizer")):
+        return  # a bare state_dict or a lone optimizer.state_dict() (a folder's optimizer.pt): one part, not the dict
     where = ckpt.path
     if ckpt.optimizer is None and (ckpt.scheduler is not None or ckpt.scaler is not None):
         kept = " and ".join(p for p in ("model", "scheduler", "scaler") if getattr(ckpt, p))
