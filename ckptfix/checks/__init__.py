@@ -27,6 +27,7 @@ import ckptfix.checks.reserved  # noqa: F401
 import ckptfix.checks.resume  # noqa: F401
 import ckptfix.checks.resume_accelerate  # noqa: F401
 import ckptfix.checks.resume_deepspeed  # noqa: F401
+import ckptfix.checks.resume_hf_model  # noqa: F401
 import ckptfix.checks.resume_lightning  # noqa: F401
 import ckptfix.checks.resume_torch  # noqa: F401
 import ckptfix.checks.scaler  # noqa: F401

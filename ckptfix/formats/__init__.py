@@ -110,9 +110,10 @@ def _head(path: str) -> bytes:
     except OSError as exc:
         raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
     if not head:
+        from ckptfix.formats.safetensors_file import SAFETENSORS_EMPTY
         from ckptfix.formats.torch_file import TORCH_LOAD_EMPTY
 
-        said = "" if path.endswith(".safetensors") else f" {TORCH_LOAD_EMPTY}"
+        said = f" {SAFETENSORS_EMPTY}" if path.endswith(".safetensors") else f" {TORCH_LOAD_EMPTY}"
         raise UnreadableCheckpoint(f"{path}: empty file (0 bytes){said}")
     return head
 

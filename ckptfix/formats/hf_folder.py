@@ -43,8 +43,16 @@ def sniff_trainer(path: str) -> bool:
 
 
 def sniff_model(path: str) -> bool:
-    """A `save_pretrained` model folder."""
-    return _has(path, *WEIGHT_FILES)
+    """A `save_pretrained` model folder (with config.json but no weights file or index: one that lost them, which
+    `read` refuses naming what from_pretrained then does)."""
+    return _has(path, *WEIGHT_FILES, "config.json")
+
+
+SHARD_FILE = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
+# What transformers 5.24's from_pretrained does with a model folder's file missing or torn: measured in
+# tests/test_resume_hf_model.py
+NO_WEIGHTS = ("from_pretrained raises OSError: 'Error no file named model.safetensors, or pytorch_model.bin, found in "
+              "directory ...'")
 
 
 def read_adapter(path: str, *, trust_pickle: bool = False) -> Checkpoint:
@@ -75,14 +83,25 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     ckpt.tied = common.find_tied(ckpt.model)
     if weights and all(f.endswith(".safetensors") for f in weights):  # what `write_safetensors` saves in parts
         ckpt.model = join_split_tables(ckpt.model, ckpt.tied)
-    config = _json(path, "adapter_config.json" if kind == "peft-adapter" else "config.json")
+    try:
+        config = _json(path, "adapter_config.json" if kind == "peft-adapter" else "config.json")
+    except UnreadableCheckpoint as exc:
+        if kind == "peft-adapter" or "not valid JSON" not in str(exc):
+            raise
+        raise UnreadableCheckpoint(f"{exc} (from_pretrained raises OSError: 'It looks like the config file at ... is "
+                                   "not a valid JSON file.')") from None
     if config is not None:
         ckpt.extras["config"] = config
+    elif kind == "hf-model":  # save_pretrained always writes it; from_pretrained cannot build the model without it
+        ckpt.extras["model_files"] = {"missing": ["config.json"]}
     _read_training_state(path, ckpt, trust_pickle)
     if kind == "hf-trainer" or (kind == "peft-adapter" and sniff_trainer(path)):  # a PEFT model's checkpoint-N too
         ckpt.extras["trainer_files"] = trainer_files(path, ckpt)
     if not ckpt.model and ckpt.optimizer is None:
-        raise UnreadableCheckpoint(f"{path}: no weight file (model.safetensors, pytorch_model.bin or an index) in the folder")
+        shards = sorted(n for n in os.listdir(path) if SHARD_FILE.fullmatch(n))
+        lost = f"{len(shards)} shard file(s) without their index.json: " if shards else ""
+        raise UnreadableCheckpoint(f"{path}: no weight file (model.safetensors, pytorch_model.bin or an index) in the "
+                                   f"folder ({lost}{NO_WEIGHTS})")
     return ckpt
 
 
@@ -101,7 +120,12 @@ def _weight_files(path: str, adapter: bool) -> list[str]:
 
 def _shards(index_path: str) -> list[str]:
     """The shard files an index names, in first-use order; each must exist."""
-    index = _load_json(index_path)
+    try:
+        index = _load_json(index_path)
+    except UnreadableCheckpoint as exc:
+        if "not valid JSON" not in str(exc):
+            raise
+        raise UnreadableCheckpoint(f"{exc} (from_pretrained raises json.JSONDecodeError on it, naming no file)") from None
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
         raise UnreadableCheckpoint(f"{index_path}: index without a weight_map")
@@ -115,7 +139,8 @@ def _shards(index_path: str) -> list[str]:
         raise UnreadableCheckpoint(f"{index_path}: shard {escaping[0][:120]!r} lies outside the folder")
     missing = [s for s in shards if not os.path.exists(os.path.join(folder, str(s)))]
     if missing:
-        raise UnreadableCheckpoint(f"{index_path}: shard files missing: {', '.join(map(str, missing[:3]))}")
+        raise UnreadableCheckpoint(f"{index_path}: shard files missing: {', '.join(map(str, missing[:3]))} "
+                                   "(from_pretrained raises FileNotFoundError on the first)")
     return _distinct_files([os.path.join(folder, str(s)) for s in shards])
 
 

@@ -26,6 +26,14 @@ DTYPES = SAFETENSORS_TO_TORCH  # safetensors code -> torch name
 SAFETENSORS_DTYPES = TORCH_TO_SAFETENSORS
 
 
+# What safetensors 0.8 (safe_open, load_file, and so transformers' from_pretrained) does with a file cut short or
+# emptied: measured in tests/test_resume_hf_model.py
+CUT = ("(safetensors' load_file and transformers' from_pretrained die on it with SafetensorError 'Error while "
+       "deserializing header: ...', naming no file)")
+SAFETENSORS_EMPTY = ("(safetensors' load_file and transformers' from_pretrained die on it with SafetensorError 'Error "
+                     "while deserializing header: header too small', naming no file)")
+
+
 def sniff(head: bytes) -> bool:
     if len(head) < 9:
         return False
@@ -42,10 +50,11 @@ def read_header(path: str) -> tuple[dict, dict, int]:
             size = os.fstat(f.fileno()).st_size
             raw_len = f.read(8)
             if len(raw_len) < 8:
-                raise UnreadableCheckpoint(f"{path}: safetensors file shorter than its 8-byte header length")
+                raise UnreadableCheckpoint(f"{path}: safetensors file shorter than its 8-byte header length {CUT}")
             (n,) = struct.unpack("<Q", raw_len)
             if n > MAX_HEADER or 8 + n > size:
-                raise UnreadableCheckpoint(f"{path}: safetensors header length {n} exceeds the file ({size} bytes)")
+                raise UnreadableCheckpoint(f"{path}: safetensors header length {n} exceeds the file ({size} bytes) "
+                                           f"{CUT}")
             raw = f.read(n)
     except OSError as exc:
         raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
@@ -86,7 +95,8 @@ def _check_layout(path: str, header: dict, data_len: int) -> None:
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has invalid data_offsets {offsets!r:.80}")
         begin, end = offsets
         if not 0 <= begin <= end <= data_len:
-            raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} data_offsets {offsets} lie outside the data ({data_len} bytes)")
+            raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} data_offsets {offsets} lie outside the data "
+                                       f"({data_len} bytes) {CUT}")
         if end - begin != math.prod(shape) * itemsize:
             raise UnreadableCheckpoint(f"{path}: tensor {name!r:.80} has {end - begin} bytes for shape {shape} {dtype}")
         spans.append((begin, end, name))
