@@ -97,6 +97,7 @@ def test_damaged_file_is_refused_naming_it_and_what_dcp_load_does(saved, tmp_pat
     assert len(reasons) == 1 and name in reasons[0] or (name == ".metadata" and how != "removed")
 
 
+@pytest.mark.long  # a two-rank run
 @pytest.mark.slow
 def test_two_ranks_torchtitan_layout_missing_rank_file(tmp_path):
     """torchtitan's layout written by two FSDP2 ranks on gloo, rank 1's data file gone: refused naming __1_0.distcp

@@ -142,3 +142,89 @@ def test_latest_skips_a_tag_missing_a_partition(measured, tmp_path):
     result = latest_checkpoint(run_dir)
     assert result.path == str(run_dir / "global_step3")
     assert result.checked[0].reasons == ["no *optim_states.pt"]
+
+
+# --- the universal folder (ds_to_universal of a 2-rank ZeRO-2 save), resumed with load_universal on one rank ----------
+
+UNIVERSAL_FILES = ("mp_rank_00_model_states.pt", "zero/optimizer_state.pt", "zero/lm_head.weight/fp32.pt",
+                   "zero/lm_head.weight/exp_avg.pt", "zero/lm_head.weight/exp_avg_sq.pt", "zero/lm_head.weight/step.pt")
+
+_UNIVERSAL_RESUME = NO_SHM_BUILD + textwrap.dedent("""
+    import json, os, shutil, sys
+    sys.path.insert(0, sys.argv[4])
+    import torch, deepspeed
+    from deepspeed_lm import LM, config, full_view
+    from test_formats_deepspeed_ranks import VOCAB
+    root, files, hows = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    src = os.path.join(root, "global_step3_universal")
+    saved = torch.load(os.path.join(src, "zero", "lm_head.weight", "fp32.pt"), weights_only=False)["param"]
+    deepspeed.init_distributed(dist_backend="gloo")
+    def resume(tag):
+        torch.manual_seed(1)
+        model = LM(VOCAB)
+        engine = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config(2, checkpoint={"load_universal": True}))[0]
+        try:
+            engine.load_checkpoint(root, tag=tag)
+        except Exception as exc:
+            return [type(exc).__name__, str(exc)]
+        return ["ok", {"global_steps": engine.global_steps,
+                       "lm_head_as_saved": torch.equal(full_view(engine)["lm_head.weight"]["fp32"], saved)}]
+    results = {"whole": resume("global_step3_universal")}
+    for f in files:
+        for how in hows:
+            case = f"{how}-{f.replace('/', '-')}"
+            shutil.copytree(src, os.path.join(root, case))
+            p = os.path.join(root, case, f)
+            if how == "removed":
+                os.remove(p)
+            else:
+                data = open(p, "rb").read()
+                open(p, "wb").write(data[: len(data) // 2] if how == "half" else b"")
+            results[case] = resume(case)
+    json.dump(results, open(os.path.join(root, "results.json"), "w"))
+""")
+
+
+@pytest.fixture(scope="module")
+def universal(tmp_path_factory):
+    from test_formats_deepspeed_ranks import run_zero
+    from test_repair_deepspeed_universal import _CONVERT
+
+    root = tmp_path_factory.mktemp("dsu_resume")
+    run_zero(root / "run", 2)
+    run([sys.executable, "-c", _CONVERT, str(root / "run" / "global_step3"), str(root / "global_step3_universal")],
+        check=True, timeout=300, env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = run([sys.executable, "-c", _UNIVERSAL_RESUME, str(root), json.dumps(UNIVERSAL_FILES), json.dumps(HOWS),
+                os.path.dirname(__file__)], env=env, timeout=300)
+    if proc.returncode != 0:
+        pytest.fail(f"deepspeed run failed:\n{proc.stderr[-3000:]}")
+    return root, json.loads((root / "results.json").read_text())
+
+
+@pytest.mark.long  # a two-rank run
+@pytest.mark.slow
+@pytest.mark.parametrize("name", UNIVERSAL_FILES)
+@pytest.mark.parametrize("how", HOWS)
+def test_universal_folder_damaged_file_is_named_with_what_load_universal_does(universal, name, how):
+    root, results = universal
+    assert results["whole"] == ["ok", {"global_steps": 3, "lm_head_as_saved": True}]
+    assert not [f for f in inspect(str(root / "global_step3_universal")).findings if f.code == "CKF319"]
+    case = f"{how}-{name.replace('/', '-')}"
+    outcome, detail = results[case]
+    try:
+        report = inspect(str(root / case))
+    except CkptfixError as exc:
+        text = str(exc)
+        assert "\n" not in text and "engine.load_checkpoint" in text and outcome in text
+        assert os.path.basename(name) in text or (name.endswith("model_states.pt") and "model_states.pt file" in text)
+        return
+    (hit,) = [f for f in report.findings if f.code == "CKF319"]
+    assert how == "removed" and name in hit.message and report.exit_code == 1
+    if name.endswith("fp32.pt"):  # loaded without a word, the parameter left at the new run's initialisation
+        assert outcome == "ok" and detail == {"global_steps": 3, "lm_head_as_saved": False}
+        assert "without a word" in hit.pytorch and "initialisation" in hit.pytorch
+    else:
+        assert outcome in hit.pytorch and detail.split(" [")[0][:20] in hit.pytorch

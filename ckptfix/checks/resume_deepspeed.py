@@ -17,7 +17,8 @@ _PARTITION = ("engine.load_checkpoint (load_optimizer_states=True, the default) 
 
 
 def _files(ctx: Context) -> dict[str, Any] | None:
-    files = ctx.ckpt.extras.get("deepspeed_files") if ctx.ckpt.format == "deepspeed" else None
+    files = ctx.ckpt.extras.get("deepspeed_files") if ctx.ckpt.format in ("deepspeed", "deepspeed-universal") \
+        else None
     return files if isinstance(files, dict) else None
 
 
@@ -25,7 +26,9 @@ def _files(ctx: Context) -> dict[str, Any] | None:
        "A DeepSpeed save folder without its `latest` tag file (engine.load_checkpoint(save_dir) then loads nothing "
        "and returns (None, None) with a warning: training silently starts from scratch), or a tag folder missing a "
        "ZeRO optim-states partition (one per data-parallel rank of the save; at stage 3 also a model-states file): "
-       "load_checkpoint raises FileNotFoundError.")
+       "load_checkpoint raises FileNotFoundError; or a universal folder missing a parameter's file (without "
+       "fp32.pt, load_universal silently keeps that parameter's fresh initialisation; without a moment or step.pt "
+       "it raises).")
 def deepspeed_missing(ctx: Context) -> Iterator[Finding]:
     files = _files(ctx)
     if files is None:
@@ -37,6 +40,12 @@ def deepspeed_missing(ctx: Context) -> Iterator[Finding]:
                       pytorch=_NO_LATEST,
                       fix=f"Write the tag into it (`echo {tag} > {folder}/latest`), or call "
                       f"engine.load_checkpoint(save_dir, tag='{tag}').")
+    if ctx.ckpt.format == "deepspeed-universal":
+        for name, why in sorted(files.get("missing", {}).items()):
+            yield finding("CKF319", f"{name} is missing from {folder} (the other parameters' folders hold it)",
+                          pytorch=why + " (load_universal).",
+                          fix="Convert the source save again with ds_to_universal, or resume from another save.")
+        return
     for name, why in sorted(files.get("missing", {}).items()):
         yield finding("CKF319", f"{name} is missing from {folder}/{files.get('tag', '')} ({why})",
                       pytorch=_PARTITION,

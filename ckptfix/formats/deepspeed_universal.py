@@ -30,7 +30,8 @@ from ckptfix.checkpoint import Checkpoint, OptimizerState, ParamGroup, ParamStat
 from ckptfix.dtypes import contiguous_stride
 from ckptfix.errors import UnreadableCheckpoint
 from ckptfix.formats import common
-from ckptfix.formats.deepspeed_folder import _MODEL_STATES, _load
+from ckptfix.formats.deepspeed_folder import _MODEL_STATES, LOAD_ASSERTS
+from ckptfix.formats.deepspeed_folder import _torn_refused as _load
 from ckptfix.formats.pickle_records import TensorRef
 
 ZERO = "zero"
@@ -39,7 +40,20 @@ WEIGHTS = "fp32"  # the per-parameter file holding the master weights; every oth
 
 
 def sniff(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, ZERO, OPTIMIZER_STATE)) and model_states_file(path) is not None
+    """A model-states file beside zero/ (either one alone: a save that lost the other, which `read` refuses)."""
+    zero = os.path.join(path, ZERO)
+    return os.path.isfile(os.path.join(zero, OPTIMIZER_STATE)) or (
+        os.path.isdir(zero) and model_states_file(path) is not None)
+
+
+# What engine.load_checkpoint(..., load_universal) (DeepSpeed 0.19.8) does without a per-parameter file: measured in
+# tests/test_resume_deepspeed.py
+MISSING_PARAM_FILE = {
+    "fp32": "engine.load_checkpoint loads without a word and leaves that parameter at the new run's initialisation "
+            "while restoring its moments: the resumed model is silently not the saved one",
+    "step": "engine.load_checkpoint raises AssertionError: 'Steps [...] are not equal'",
+    "": "engine.load_checkpoint raises ValueError: '{key} not found in optimizer state fragment'",
+}
 
 
 def model_states_file(path: str) -> str | None:
@@ -64,7 +78,11 @@ def param_folders(path: str) -> dict[str, str]:
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     model_file = model_states_file(path)
     if model_file is None:
-        raise UnreadableCheckpoint(f"{path}: no DeepSpeed *model_states.pt file beside zero/")
+        raise UnreadableCheckpoint(f"{path}: no DeepSpeed *model_states.pt file beside zero/ ({LOAD_ASSERTS})")
+    if not os.path.isfile(os.path.join(path, ZERO, OPTIMIZER_STATE)):
+        raise UnreadableCheckpoint(f"{path}: zero/{OPTIMIZER_STATE} is missing (engine.load_checkpoint with "
+                                   "load_universal raises AssertionError: '... containing optimizer global state is "
+                                   "missing! Cannot proceed.')")
     tree, _ = _load(model_file, trust_pickle)
     if not isinstance(tree, Mapping):
         raise UnreadableCheckpoint(f"{model_file}: holds a {type(tree).__name__}, not DeepSpeed model states")
@@ -91,7 +109,22 @@ def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     ckpt.optimizer = OptimizerState(kind=common.infer_kind(state, groups), groups=groups, state=state)
     ckpt.notes.append(f"DeepSpeed universal checkpoint: {len(ckpt.model)} parameter(s), each whole in "
                       "zero/<name>/ (fp32 weights and moments); loads at any world size with load_universal")
+    ckpt.extras["deepspeed_files"] = {"missing": _missing_param_files(path), "no_latest": "", "tag": ""}
     return ckpt
+
+
+def _missing_param_files(path: str) -> dict[str, str]:
+    """zero/<name>/<file> -> what load_checkpoint does without it, for each file some parameter folder holds and
+    another lacks (ds_to_universal writes the same files for every parameter)."""
+    folders = {n: {f for f in os.listdir(d) if f.endswith(".pt")} for n, d in param_folders(path).items()}
+    every = set().union(*folders.values()) if folders else set()
+    missing = {}
+    for name, have in folders.items():
+        for file in sorted(every - have):
+            key = file[:-3]
+            why = MISSING_PARAM_FILE.get(key, MISSING_PARAM_FILE[""]).format(key=key)
+            missing[f"{ZERO}/{name}/{file}"] = why
+    return missing
 
 
 def _param(name: str, folder: str, shape: tuple | None, trust_pickle: bool) -> tuple[Any, ParamState]:
