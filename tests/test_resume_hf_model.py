@@ -118,3 +118,63 @@ def test_lone_safetensors_file_torn(saved, tmp_path, how):
     text = str(refused.value)
     assert "\n" not in text and "model.safetensors" in text
     assert "SafetensorError 'Error while deserializing header" in text
+
+
+# --- a PEFT adapter folder (PeftModel.save_pretrained), loaded with PeftModel.from_pretrained -------------------------
+
+ADAPTER = ("adapter_config.json", "adapter_model.safetensors")
+# measured (peft 0.21): what PeftModel.from_pretrained raises, by (file, how); a torn safetensors: SafetensorError
+ADAPTER_RAISES = {("adapter_config.json", "removed"): "ValueError", ("adapter_config.json", "half"): "JSONDecodeError",
+                  ("adapter_config.json", "zero"): "JSONDecodeError",
+                  ("adapter_model.safetensors", "removed"): "HFValidationError"}
+
+
+def _base():
+    import torch
+
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64,
+                                                                n_positions=32))
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory):
+    peft = pytest.importorskip("peft")
+    folder = tmp_path_factory.mktemp("adapter") / "lora"
+    peft.get_peft_model(_base(), peft.LoraConfig(r=2, lora_alpha=4, target_modules=["c_attn"], fan_in_fan_out=True,
+                                                 task_type="CAUSAL_LM")).save_pretrained(folder)
+    return folder
+
+
+def _peft_load(folder):
+    import peft
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            peft.PeftModel.from_pretrained(_base(), str(folder))
+    except Exception as exc:  # noqa: BLE001 (what PeftModel.from_pretrained raises is the measurement)
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+@pytest.mark.peft
+@pytest.mark.parametrize("name", ADAPTER)
+@pytest.mark.parametrize("how", ["removed", "half", "zero"])
+def test_adapter_damaged_file_is_refused_with_what_peft_does(adapter, tmp_path, name, how):
+    assert _peft_load(adapter) == ("ok", "")
+    assert not [f for f in inspect(str(adapter)).findings if f.code.startswith("CKF31") or f.code == "CKF320"]
+    d = tmp_path / "lora"
+    shutil.copytree(adapter, d)
+    f = d / name
+    if how == "removed":
+        f.unlink()
+    else:
+        data = f.read_bytes()
+        f.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    outcome, _ = _peft_load(d)
+    assert outcome == ADAPTER_RAISES.get((name, how), "SafetensorError")
+    with pytest.raises(CkptfixError) as refused:
+        inspect(str(d))
+    text = str(refused.value)
+    assert "\n" not in text and name in text and outcome in text

@@ -33,8 +33,9 @@ def _has(path: str, *names: str) -> bool:
 
 
 def sniff_adapter(path: str) -> bool:
-    """A PEFT adapter (`save_pretrained` of a PeftModel)."""
-    return _has(path, "adapter_config.json")
+    """A PEFT adapter (`save_pretrained` of a PeftModel; its weights alone: one that lost its config, which `read`
+    refuses naming what PeftModel.from_pretrained then does)."""
+    return _has(path, "adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 
 def sniff_trainer(path: str) -> bool:
@@ -53,6 +54,8 @@ SHARD_FILE = re.compile(r"(model|pytorch_model)-\d+-of-\d+\.(safetensors|bin)")
 # tests/test_resume_hf_model.py
 NO_WEIGHTS = ("from_pretrained raises OSError: 'Error no file named model.safetensors, or pytorch_model.bin, found in "
               "directory ...'")
+NO_ADAPTER_WEIGHTS = ("PeftModel.from_pretrained (peft 0.21) then looks for the folder's name on the Hub and raises "
+                      "HFValidationError: 'Repo id must be in the form ...', naming no file")
 
 
 def read_adapter(path: str, *, trust_pickle: bool = False) -> Checkpoint:
@@ -86,10 +89,14 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     try:
         config = _json(path, "adapter_config.json" if kind == "peft-adapter" else "config.json")
     except UnreadableCheckpoint as exc:
-        if kind == "peft-adapter" or "not valid JSON" not in str(exc):
+        if "not valid JSON" not in str(exc):
             raise
-        raise UnreadableCheckpoint(f"{exc} (from_pretrained raises OSError: 'It looks like the config file at ... is "
-                                   "not a valid JSON file.')") from None
+        said = ("PeftModel.from_pretrained raises json.JSONDecodeError, naming no file" if kind == "peft-adapter" else
+                "from_pretrained raises OSError: 'It looks like the config file at ... is not a valid JSON file.'")
+        raise UnreadableCheckpoint(f"{exc} ({said})") from None
+    if config is None and kind == "peft-adapter" and not sniff_trainer(path):  # (a Trainer folder: its rules)
+        raise UnreadableCheckpoint(f"{path}: no adapter_config.json beside the adapter weights (PeftModel.from_pretrained "
+                                   "raises ValueError: \"Can't find 'adapter_config.json' at ...\")")
     if config is not None:
         ckpt.extras["config"] = config
     elif kind == "hf-model":  # save_pretrained always writes it; from_pretrained cannot build the model without it
@@ -98,6 +105,9 @@ def read(path: str, kind: str, *, trust_pickle: bool = False) -> Checkpoint:
     if kind == "hf-trainer" or (kind == "peft-adapter" and sniff_trainer(path)):  # a PEFT model's checkpoint-N too
         ckpt.extras["trainer_files"] = trainer_files(path, ckpt)
     if not ckpt.model and ckpt.optimizer is None:
+        if kind == "peft-adapter":
+            raise UnreadableCheckpoint(f"{path}: no adapter weights (adapter_model.safetensors or adapter_model.bin) in "
+                                       f"the folder ({NO_ADAPTER_WEIGHTS})")
         shards = sorted(n for n in os.listdir(path) if SHARD_FILE.fullmatch(n))
         lost = f"{len(shards)} shard file(s) without their index.json: " if shards else ""
         raise UnreadableCheckpoint(f"{path}: no weight file (model.safetensors, pytorch_model.bin or an index) in the "
