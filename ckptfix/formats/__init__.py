@@ -103,6 +103,13 @@ def detect(path: str) -> str:
                                f"starts with {probe[:8]!r})")
 
 
+# What the framework's own loader does with an empty file (said in the refusal; here, not in the readers: this
+# package's own code imports no reader module, whose imports come back up to it)
+TORCH_LOAD_EMPTY = "(torch.load dies on it with EOFError, naming no file; so does Lightning's fit(ckpt_path=...))"
+SAFETENSORS_EMPTY = ("(safetensors' load_file and transformers' from_pretrained die on it with SafetensorError 'Error "
+                     "while deserializing header: header too small', naming no file)")
+
+
 def _head(path: str) -> bytes:
     try:
         with open_regular(path) as f:
@@ -110,8 +117,6 @@ def _head(path: str) -> bytes:
     except OSError as exc:
         raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
     if not head:
-        from ckptfix.formats.safetensors_file import SAFETENSORS_EMPTY
-        from ckptfix.formats.torch_file import TORCH_LOAD_EMPTY
 
         said = f" {SAFETENSORS_EMPTY}" if path.endswith(".safetensors") else f" {TORCH_LOAD_EMPTY}"
         raise UnreadableCheckpoint(f"{path}: empty file (0 bytes){said}")

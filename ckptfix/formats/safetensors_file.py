@@ -30,9 +30,6 @@ SAFETENSORS_DTYPES = TORCH_TO_SAFETENSORS
 # emptied: measured in tests/test_resume_hf_model.py
 CUT = ("(safetensors' load_file and transformers' from_pretrained die on it with SafetensorError 'Error while "
        "deserializing header: ...', naming no file)")
-SAFETENSORS_EMPTY = ("(safetensors' load_file and transformers' from_pretrained die on it with SafetensorError 'Error "
-                     "while deserializing header: header too small', naming no file)")
-
 
 def sniff(head: bytes) -> bool:
     if len(head) < 9:

@@ -444,9 +444,6 @@ class _PickleStream:
 # (Lightning's fit(ckpt_path=...), a training loop's own): measured in tests/test_resume_lightning.py
 TORCH_LOAD_CUT = ("(torch.load dies on it with RuntimeError 'PytorchStreamReader failed reading zip archive: failed "
                   "finding central directory', naming no file; so does Lightning's fit(ckpt_path=...))")
-TORCH_LOAD_EMPTY = "(torch.load dies on it with EOFError, naming no file; so does Lightning's fit(ckpt_path=...))"
-
-
 def read(path: str, *, trust_pickle: bool = False) -> Checkpoint:
     """Read a `torch.save` file into the checkpoint model (metadata only)."""
     refusals: list[str] = []
