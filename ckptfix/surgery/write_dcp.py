@@ -289,6 +289,7 @@ def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None,
         value()  # in plan order: the rng draws stay the same
     importer.join()
     import torch.distributed.checkpoint as dcp  # done by the worker; raises here if it failed
+    from torch.distributed.checkpoint.api import CheckpointException
 
     tree: dict = {}
     for path, value in edits.writes.values():
@@ -300,7 +301,9 @@ def _save_changed(edits: DcpEdits, folder: str, name: str, progress: Any = None,
             warnings.simplefilter("ignore")
             try:
                 dcp.save(tree, checkpoint_id=scratch, **single)
-            except Exception as exc:  # noqa: BLE001 - dcp.save wraps the disk's error (CheckpointException)
+            # dcp.save wraps the disk's error in a CheckpointException, a BaseException: `except Exception`
+            # missed it (an EIO mid-write was a traceback and exit 1; found by the every-point fault run)
+            except (Exception, CheckpointException) as exc:  # noqa: BLE001
                 raise RepairError(f"{folder}: writing the changed tensors failed ({_save_failure(exc)}); "
                                   "nothing was written") from None
         files = [f for f in os.listdir(scratch) if f.endswith(".distcp")]
@@ -404,6 +407,8 @@ def _save_failure(exc: BaseException) -> str:
     """The disk's own error inside dcp.save's CheckpointException (its `failures`: rank -> exception)."""
     failures = getattr(exc, "failures", None)
     inner = next(iter(failures.values()), exc) if isinstance(failures, dict) and failures else exc
+    if isinstance(inner, tuple) and inner and isinstance(inner[0], BaseException):  # (exception, its frames)
+        inner = inner[0]
     while isinstance(inner, BaseException) and not isinstance(inner, OSError) and inner.__cause__ is not None:
         inner = inner.__cause__
     if isinstance(inner, OSError) and inner.strerror:
