@@ -54,7 +54,7 @@ def test_lora_without_modules_to_save_is_named_before_the_first_step(tok, tmp_pa
     (said,) = _train(tok, tmp_path, "lora")
     ids = tok.convert_tokens_to_ids(NEW)
     assert said.startswith("CKF831 warning: 5 added token(s) cannot learn: the input embedding is frozen")
-    assert "<n0>, <n1>, <n2>, <n3>, <n4>" in said and f"trainable_token_indices={ids}" in said
+    assert "<n0>, <n1>, <n2>, <n3>, <n4>" in said and f"LoraConfig(..., trainable_token_indices={ids})" in said
     assert 'modules_to_save=["embed_tokens", "lm_head"]' in said
 
 

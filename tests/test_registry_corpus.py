@@ -380,7 +380,8 @@ def test_a_real_mllama_tokenizer_image_token_keeps_its_trained_row(tmp_path):
         return str(tmp_path / name)
 
     real = ckptfix.inspect(str(src), tokenizer=folder("real"))
-    assert [f.code for f in real.findings if f.code != "CKF204"] == ["CKF108"]
+    # CKF114 is true here: the one synthetic step's batch never held <|image|>, so its exp_avg_sq row is 0
+    assert [f.code for f in real.findings if f.code not in ("CKF204", "CKF114")] == ["CKF108"]
     tok.add_tokens(["<video>", "<box>", "<ref>"])
     ckptfix.repair(str(src), folder("grown"), str(tmp_path / "fixed"))
     fixed = transformers.MllamaForConditionalGeneration.from_pretrained(tmp_path / "fixed")

@@ -407,6 +407,8 @@ def test_guard_sources_suggest_only_arguments_their_callable_takes():
     root = Path(ckptfix.__file__).parent
     named = {"ResumeGuard": ckptfix.ResumeGuard.__init__, "load_state_dict": torch.nn.Module.load_state_dict,
              "torch.autocast": torch.autocast.__init__}
+    peft = pytest.importorskip("peft")
+    named["LoraConfig"] = peft.LoraConfig.__init__  # CKF831's fix (guard/new_tokens.py)
     causes = {"requires_grad": torch.nn.Parameter, "use_reentrant": torch.utils.checkpoint.checkpoint,
               "fused": torch.optim.AdamW.__init__}
     accepted = guard_parameters()

@@ -35,4 +35,4 @@ def frozen_new_rows(model: Any, tokenizer: Any) -> Problem | None:
         f"{len(new)} added token(s) cannot learn: the input embedding is frozen and nothing trains its rows "
         f"({format_names(names)}, ids {new[0]}-{new[-1]}); their rows stay as initialised for the whole run. "
         "With PEFT LoRA: LoraConfig(..., modules_to_save=[\"embed_tokens\", \"lm_head\"]) trains copies of the "
-        f"tables, or trainable_token_indices={new} trains just these rows.")
+        f"tables, or LoraConfig(..., trainable_token_indices={new}) trains just these rows.")
