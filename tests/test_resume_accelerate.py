@@ -23,6 +23,7 @@ import shutil
 
 import pytest
 import torch
+from damage import damage
 from torch import nn
 
 from ckptfix.errors import CkptfixError
@@ -91,12 +92,7 @@ def _resume(folder):
 def _damaged(saved, tmp_path, name, how):
     d = tmp_path / "state"
     shutil.copytree(saved[0], d)
-    f = d / name
-    if how == "removed":
-        f.unlink()
-    else:
-        data = f.read_bytes()
-        f.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    damage(d / name, how)
     return d
 
 

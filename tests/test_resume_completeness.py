@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from damage import cut, damage
 
 from ckptfix.errors import CkptfixError
 from ckptfix.inspect import inspect
@@ -33,12 +34,7 @@ def test_healthy_checkpoint_has_no_new_finding(trainer_run, tmp_path):
 @pytest.mark.parametrize("how", ["removed", "half", "zero"])
 def test_damaged_file_is_named(trainer_run, tmp_path, name, how):
     d = _copy(trainer_run, tmp_path)
-    f = d / name
-    if how == "removed":
-        f.unlink()
-    else:
-        data = f.read_bytes()
-        f.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    damage(d / name, how)
     code = "CKF312" if (name, how) == ("rng_state.pth", "removed") else EXPECT[name]
     try:
         report = inspect(str(d))
@@ -116,8 +112,7 @@ def test_peft_trainer_checkpoint_torn_rng_state(peft_run, tmp_path, how):
     d = tmp_path / "checkpoint-2"
     shutil.copytree(peft_run, d)
     f = d / "rng_state.pth"
-    data = f.read_bytes()
-    f.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    f.write_bytes(cut(f.read_bytes(), how))
     hits = [f for f in inspect(str(d)).findings if f.code == "CKF313"]
     assert hits and "rng_state.pth" in hits[0].message
     with pytest.raises((EOFError, OSError, RuntimeError)):  # what CKF313 says: torch.load dies, naming no file

@@ -20,6 +20,7 @@ import warnings
 import pytest
 import torch.distributed.checkpoint as dcp
 from ckpt_factory import new_run, train
+from damage import damage
 from torch.distributed.checkpoint import FileSystemWriter
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -75,12 +76,7 @@ def test_healthy_folder_reads_and_loads(saved, tmp_path):
 def test_damaged_file_is_refused_naming_it_and_what_dcp_load_does(saved, tmp_path, name, how):
     d = tmp_path / "step-3"
     shutil.copytree(saved, d)
-    f = d / name
-    if how == "removed":
-        f.unlink()
-    else:
-        data = f.read_bytes()
-        f.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    damage(d / name, how)
     outcome, inner = _resume(d)
     assert outcome == "CheckpointException"
     with pytest.raises(CkptfixError) as refused:

@@ -20,6 +20,7 @@ import shutil
 import warnings
 
 import pytest
+from damage import cut, damage
 
 from ckptfix.errors import CkptfixError
 from ckptfix.inspect import inspect
@@ -81,12 +82,7 @@ def test_healthy_folder_has_no_new_finding(saved, layout):
 def test_damaged_file_is_named_with_what_from_pretrained_does(saved, tmp_path, layout, name, how):
     d = tmp_path / layout
     shutil.copytree(saved / layout, d)
-    f = d / name
-    if how == "removed":
-        f.unlink()
-    else:
-        data = f.read_bytes()
-        f.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    damage(d / name, how)
     outcome, detail = _from_pretrained(d)
     expected = RAISES.get((_kind(name), how), "SafetensorError")
     assert outcome == expected, (outcome, detail)
@@ -108,8 +104,7 @@ def test_lone_safetensors_file_torn(saved, tmp_path, how):
     from safetensors.torch import load_file
 
     path = tmp_path / "model.safetensors"
-    data = (saved / "single" / "model.safetensors").read_bytes()
-    path.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    path.write_bytes(cut((saved / "single" / "model.safetensors").read_bytes(), how))
     with pytest.raises(Exception) as raised:
         load_file(str(path))
     assert type(raised.value).__name__ == "SafetensorError" and "deserializing header" in str(raised.value)
@@ -166,12 +161,7 @@ def test_adapter_damaged_file_is_refused_with_what_peft_does(adapter, tmp_path, 
     assert not [f for f in inspect(str(adapter)).findings if f.code.startswith("CKF31") or f.code == "CKF320"]
     d = tmp_path / "lora"
     shutil.copytree(adapter, d)
-    f = d / name
-    if how == "removed":
-        f.unlink()
-    else:
-        data = f.read_bytes()
-        f.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    damage(d / name, how)
     outcome, _ = _peft_load(d)
     assert outcome == ADAPTER_RAISES.get((name, how), "SafetensorError")
     with pytest.raises(CkptfixError) as refused:

@@ -24,6 +24,7 @@ import shutil
 
 import pytest
 import torch
+from damage import cut
 from torch import nn
 
 from ckptfix.errors import CkptfixError
@@ -153,8 +154,7 @@ def test_weights_only_save_is_a_warning(saved):
 @pytest.mark.parametrize("how", ["half", "zero"])
 def test_torn_file_is_refused_with_what_fit_does(saved, tmp_path, how):
     path = tmp_path / "torn.ckpt"
-    data = (saved / "whole.ckpt").read_bytes()
-    path.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    path.write_bytes(cut((saved / "whole.ckpt").read_bytes(), how))
     outcome, details = _resume(path)
     with pytest.raises(CkptfixError) as refused:
         inspect(str(path))

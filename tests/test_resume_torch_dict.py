@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from damage import cut
 from torch import nn
 
 from ckptfix.errors import CkptfixError
@@ -120,8 +121,7 @@ def test_missing_key_is_named_with_what_a_loop_does(saved, tmp_path, key):
 @pytest.mark.parametrize("how", ["half", "zero"])
 def test_torn_file_is_refused_with_what_torch_load_does(saved, tmp_path, how):
     path = tmp_path / "torn.pt"
-    data = saved.read_bytes()
-    path.write_bytes(data[: len(data) // 2] if how == "half" else b"")
+    path.write_bytes(cut(saved.read_bytes(), how))
     outcome, message = _resume(path, only_present=False)
     with pytest.raises(CkptfixError) as refused:
         inspect(str(path))
