@@ -92,28 +92,10 @@ def atomic_write(path: str, data: bytes) -> None:
 
 
 def atomic_new(path: str, data: bytes) -> None:
-    """`path` created with `data`, whole or not at all: a temp of a unique name (mkstemp: O_EXCL|O_NOFOLLOW)
-    beside it, fsync, then linked to `path` (`move_new`: an entry already there, a planted link included, makes
-    it fail and is never replaced or written through), fsync of the folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}{TMP_MARK}", dir=folder)
-    except OSError as exc:
-        raise RepairError(_describe(exc, path)) from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, _default_mode())
-        move_new(tmp, path)
-        fsync_dir(folder)
-    except OSError as exc:
-        _remove(tmp)
-        raise RepairError(_describe(exc, path)) from None
-    except BaseException:
-        _remove(tmp)
-        raise
+    """`path` created with `data`, whole or not at all: as `atomic_write`, but linked to `path` (`move_new`: an
+    entry already there, a planted link included, makes it fail and is never replaced or written through)."""
+    with atomic_file(path, new=True) as f:
+        f.write(data)
 
 
 def backup_path(path: str) -> str:
@@ -125,11 +107,13 @@ def backup_path(path: str) -> str:
 
 
 @contextlib.contextmanager
-def atomic_file(path: str, *, mode_like: str | None = None, backup: bool = False) -> Iterator[BinaryIO]:
+def atomic_file(path: str, *, mode_like: str | None = None, backup: bool = False,
+                new: bool = False) -> Iterator[BinaryIO]:
     """Yield a file to write; on success it atomically becomes `path`.
 
     `backup=True` first hard-links the current `path` to `path.bak` (the old bytes stay intact even
-    while mmap'd: `os.replace` swaps the name, never the old file's contents).
+    while mmap'd: `os.replace` swaps the name, never the old file's contents). `new=True`: `path` must not
+    exist (`move_new` links the temp there instead of replacing).
     """
     folder = os.path.dirname(os.path.abspath(path))
     try:
@@ -145,7 +129,10 @@ def atomic_file(path: str, *, mode_like: str | None = None, backup: bool = False
         os.chmod(tmp, mode)  # mkstemp creates 0600; a checkpoint should be as readable as its source
         if backup and os.path.exists(path):
             os.link(path, backup_path(path))
-        os.replace(tmp, path)
+        if new:
+            move_new(tmp, path)
+        else:
+            os.replace(tmp, path)
         fsync_dir(folder)
     except OSError as exc:
         _remove(tmp)

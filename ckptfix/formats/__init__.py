@@ -111,15 +111,20 @@ SAFETENSORS_EMPTY = ("(safetensors' load_file and transformers' from_pretrained 
 
 
 def _head(path: str) -> bytes:
+    said = SAFETENSORS_EMPTY if path.endswith(".safetensors") else TORCH_LOAD_EMPTY
+    return read_head(path, empty=said)
+
+
+def read_head(path: str, *, empty: str = "") -> bytes:
+    """A file's first 16 bytes (what `sniff` reads), through the one open readers use; a file that cannot be
+    read or is empty is one line (`empty`: what its framework's loader then does, appended)."""
     try:
         with open_regular(path) as f:
             head = f.read(16)
     except OSError as exc:
         raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
     if not head:
-
-        said = f" {SAFETENSORS_EMPTY}" if path.endswith(".safetensors") else f" {TORCH_LOAD_EMPTY}"
-        raise UnreadableCheckpoint(f"{path}: empty file (0 bytes){said}")
+        raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)" + (f" {empty}" if empty else ""))
     return head
 
 

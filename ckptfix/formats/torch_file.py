@@ -315,16 +315,9 @@ def check_whole(path: str, *, scan: bool = False) -> None:
     """Raise `UnreadableCheckpoint` unless `path` is a whole torch.save file, without unpickling anything: a zip's
     central directory parses and every record lies inside the file (`scan`: and matches its CRC-32); a legacy
     stream is read with the allowlist in opaque mode (nothing imported or called)."""
-    from ckptfix.formats import open_regular
+    from ckptfix.formats import read_head
 
-    try:
-        with open_regular(path) as f:
-            head = f.read(16)
-    except OSError as exc:
-        raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
-    if not head:
-        raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
-    kind = sniff(head)
+    kind = sniff(read_head(path))
     if kind == "torch-zip":
         archive = open_archive(path)  # the central directory, at the end: a truncated file has none
         for name in archive.members:
@@ -344,16 +337,9 @@ def load(path: str, *, opaque: bool = False,
          refusals: list[str] | None = None) -> tuple[Any, common.Locator, TorchArchive | None]:
     """Unpickle a torch file with the allowlist: the tree, how to find each storage, the archive.
     `refusals` receives why torch.load(weights_only=True) refuses the pickle (`pickle_safe.load_pickle`)."""
-    from ckptfix.formats import open_regular
+    from ckptfix.formats import read_head
 
-    try:
-        with open_regular(path) as f:
-            head = f.read(16)
-    except OSError as exc:
-        raise UnreadableCheckpoint(f"{path}: cannot read ({exc.strerror})") from None
-    if not head:
-        raise UnreadableCheckpoint(f"{path}: empty file (0 bytes)")
-    kind = sniff(head)
+    kind = sniff(read_head(path))
     if kind == "torch-zip":
         archive = open_archive(path, preload=("data.pkl",))
         tree = load_pickle(archive.read_member("data.pkl") or b"", path, opaque=opaque, refusals=refusals)
