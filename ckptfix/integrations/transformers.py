@@ -85,7 +85,7 @@ class ResumeGuardCallback(TrainerCallback):
             _check_tokenizer(model, kwargs.get("processing_class") or kwargs.get("tokenizer"))
             _check_loaded_state(model, optimizer)
             self.setup_problems = check_training_setup(model, optimizer, scheduler=lr_scheduler)
-        _refuse_restarted_schedule(args, state, lr_scheduler)
+        _refuse_restarted_schedule(self.checkpoint, args, state, lr_scheduler)
         self._check_data_position(args, state, lr_scheduler, kwargs.get("train_dataloader"))
         self._start_rewarm(state, optimizer)
         step = getattr(state, "global_step", 0) or 0
@@ -225,7 +225,7 @@ def _resumed_folder(given: str | None, args: Any, step: int) -> str | None:
     return None
 
 
-def _refuse_restarted_schedule(args: Any, state: Any, lr_scheduler: Any) -> None:
+def _refuse_restarted_schedule(given: str | None, args: Any, state: Any, lr_scheduler: Any) -> None:
     """A resumed run (global_step > 0) whose scheduler is at step 0: the Trainer loads optimizer.pt and
     scheduler.pt only when both exist (Trainer._load_optimizer_and_scheduler), so the checkpoint lacked one of
     them and the run would go on with empty Adam moments and a schedule back at its warm-up (inspect: CKF310).
@@ -234,13 +234,13 @@ def _refuse_restarted_schedule(args: Any, state: Any, lr_scheduler: Any) -> None
     step = getattr(state, "global_step", 0) or 0
     if step <= 0 or lr_scheduler is None or getattr(lr_scheduler, "last_epoch", None) != 0:
         return
-    # The Trainer does not tell callbacks which folder it resumed from: the one its own save would have made
-    checkpoint = os.path.join(args.output_dir, f"checkpoint-{step}")
+    checkpoint = _resumed_folder(given, args, step)  # the Trainer does not tell callbacks which folder it was
     message = (f"resumed at step {step} with the LR schedule back at step 0 and a fresh optimizer: the checkpoint "
                "lacked optimizer.pt or scheduler.pt (the Trainer loads them only when both exist; inspect: CKF310)")
-    if not os.path.isdir(checkpoint):
+    if checkpoint is None:
         warnings.warn(f"CKF829 warning: {message}, unless `ckptfix repair --policy reset` removed them on "
-                      f"purpose (no {checkpoint} to read its record from)", TrainingSetupWarning, stacklevel=3)
+                      f"purpose (the folder resumed from was not found to read its record: pass "
+                      f"ResumeGuardCallback(checkpoint=...))", TrainingSetupWarning, stacklevel=3)
         return
     if _reset_on_purpose(checkpoint):
         return
