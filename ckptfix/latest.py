@@ -381,9 +381,11 @@ def _one_line(text: str) -> str:
 def run_folder_message(folder: str) -> str | None:
     """For a reader handed a run's output folder instead of one checkpoint: one line naming the newest whole
     checkpoint in it and why each newer one is not whole; None when `folder` holds no candidate."""
-    if not os.path.isdir(folder) or not find_candidates(folder):
+    if not os.path.isdir(folder):
         return None
     result = latest_checkpoint(folder)
+    if not result.checked:
+        return None
     skipped = "; ".join(f"{os.path.basename(c.path)} is not whole: {'; '.join(c.reasons)}" for c in result.skipped)
     if result.path is None:
         return _one_line(f"{folder}: a run folder, not one checkpoint, and none of its {len(result.checked)} "

@@ -227,15 +227,13 @@ class Claim:
         return True
 
     def _take_over_or_refuse(self) -> None:
-        holder = self._holder()
+        holder = _holder(self.fs, self.key)
         if self.in_place:  # what a killed in-place publish left is undone by restore, not here
             raise RepairError(f"{self.shown}: an in-place repair is publishing here or was killed doing so "
                               f"({escape_claim(holder)}); if none is running: ckptfix restore {self.shown}, then "
                               f"delete {self.key.rpartition('/')[2]}")
         if not _dead_here(holder):
-            raise RepairError(f"{self.shown}: another ckptfix is publishing here ({escape_claim(holder)}); if none is "
-                              f"running, delete {self.key.rpartition('/')[2]} and the objects beside it (a killed "
-                              "publish's: no switch object, no checkpoint)")
+            raise _busy(self.shown, self.key, holder)
         if any(is_switch(k) for k in self._out_objects()) or (not self.folder and self._out_objects()):
             self.fs.rm_file(self.key)  # the killed publish had finished: OUT is whole, only its claim was left
             raise RepairError(f"{self.shown}: already exists in the object store; name a new OUT prefix")
@@ -244,13 +242,6 @@ class Claim:
         self.fs.rm_file(self.key)
         if not self._create():
             raise RepairError(f"{self.shown}: another ckptfix took the claim first; nothing was published")
-
-    def _holder(self) -> dict:
-        try:
-            holder = json.loads(self.fs.cat_file(self.key)[:4096])
-        except Exception:  # noqa: BLE001 - an unreadable claim is someone else's: refused, not taken over
-            return {}
-        return holder if isinstance(holder, dict) else {}
 
     def _out_objects(self) -> list[str]:
         """What OUT holds besides the claim."""
@@ -266,17 +257,30 @@ class Claim:
             pass
 
 
+def _holder(fs: Any, key: str) -> dict:
+    """What a claim object says of its writer (host, pid); {} when unreadable (someone else's: never taken over)."""
+    try:
+        holder = json.loads(fs.cat_file(key)[:4096])
+    except Exception:  # noqa: BLE001 - any failure reading it leaves the claim standing
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def _busy(shown: str, key: str, holder: dict) -> RepairError:
+    return RepairError(f"{shown}: another ckptfix is publishing here ({escape_claim(holder)}); if none is running, "
+                       f"delete {key.rpartition('/')[2]} and the objects beside it (a killed publish's: no switch "
+                       "object, no checkpoint)")
+
+
 def _check_out_free(fs: Any, root: str, shown: str) -> None:
     """Before the repair's work: OUT must not exist, and no live writer may hold its claim (a claim a killed
     ckptfix of this machine left, with its partial objects, is taken over when this repair publishes)."""
     fs.invalidate_cache()
     for key in (f"{root}/{CLAIM_SUFFIX}", root + CLAIM_SUFFIX):
         if fs.exists(key):
-            holder = Claim(fs, root, key.endswith("/" + CLAIM_SUFFIX), shown)._holder()
+            holder = _holder(fs, key)
             if not _dead_here(holder):
-                raise RepairError(f"{shown}: another ckptfix is publishing here ({escape_claim(holder)}); if none "
-                                  f"is running, delete {key.rpartition('/')[2]} and the objects beside it (a killed "
-                                  "publish's: no switch object, no checkpoint)")
+                raise _busy(shown, key, holder)
             return
     if out_exists(fs, root):
         raise RepairError(f"{shown}: already exists in the object store; name a new OUT prefix")
